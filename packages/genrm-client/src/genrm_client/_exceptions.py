@@ -1,0 +1,69 @@
+"""Errors raised by the GenRM client.
+
+::
+
+    GenRMError
+     ├── GenRMConnectionError      the server could not be reached (after retries)
+     ├── GenRMTimeoutError         the call's total deadline passed
+     └── GenRMHTTPError            the server answered with a non-2xx status (after retries)
+          ├── UnknownRouteKeyError   404: no instance registered for the route_key (never retried)
+          └── GenRMOverloadedError   429/503 still refused after every retry
+
+A reward function turns any ``GenRMError`` into a ``judge_error`` result, never into a score of 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "GenRMConnectionError",
+    "GenRMError",
+    "GenRMHTTPError",
+    "GenRMOverloadedError",
+    "GenRMTimeoutError",
+    "UnknownRouteKeyError",
+]
+
+
+class GenRMError(Exception):
+    """Root of every error this client raises."""
+
+
+class GenRMConnectionError(GenRMError):
+    """The service could not be reached (connection refused, reset, DNS), after retries."""
+
+
+class GenRMTimeoutError(GenRMError):
+    """The call did not complete within its total deadline."""
+
+
+class GenRMHTTPError(GenRMError):
+    """The service answered with a non-success status."""
+
+    def __init__(self, message: str, *, status: int, body: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class UnknownRouteKeyError(GenRMHTTPError):
+    """No judge instance is registered for the route_key (HTTP 404)."""
+
+    def __init__(
+        self,
+        route_key: str | None,
+        registered: list[str] | None = None,
+        *,
+        body: Any = None,
+    ) -> None:
+        msg = f"No GenRM instance registered for route_key={route_key}"
+        if registered:
+            msg += f" (registered: {', '.join(sorted(registered))})"
+        super().__init__(msg, status=404, body=body)
+        self.route_key = route_key
+        self.registered = registered
+
+
+class GenRMOverloadedError(GenRMHTTPError):
+    """The service kept refusing for load (429 / 503) after every retry."""

@@ -1,0 +1,135 @@
+"""Wire schema of the GenRM service: the single source of truth shared by client and server.
+
+Models reject unknown keys (``extra="forbid"``) so that a typo in a sampling parameter is an
+error naming the key, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "DEFAULT_ROUTE_KEY",
+    "ErrorBody",
+    "ErrorDetail",
+    "FinishReason",
+    "GenerateBatchRequest",
+    "GenerateBatchResponse",
+    "GenerateMeta",
+    "GenerateRequest",
+    "GenerateResponse",
+    "HealthReport",
+    "InstanceHealth",
+    "Message",
+    "SamplingParams",
+]
+
+#: The route_key of the legacy single judge (``--genrm-model-path``) and of requests without one.
+DEFAULT_ROUTE_KEY = "__default__"
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Message(_Strict):
+    """One chat message."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class SamplingParams(_Strict):
+    """Per-request sampling overrides; every field left ``None`` inherits the instance's config."""
+
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    max_response_len: int | None = Field(default=None, gt=0)
+    stop: list[str] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    seed: int | None = None
+
+    def merged_over(self, base: SamplingParams) -> SamplingParams:
+        """Return ``base`` with every field this object sets taken from this object."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+class GenerateRequest(_Strict):
+    """Body of ``POST /genrm/generate``."""
+
+    messages: list[Message] = Field(min_length=1)
+    sampling_params: SamplingParams | None = None
+    route_key: str | None = None
+
+
+class GenerateMeta(_Strict):
+    """What the engine reports beside the text."""
+
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    route_key: str | None = None
+    engine_id: str | None = None
+    engine_latency_s: float | None = None
+
+
+class GenerateResponse(_Strict):
+    """Body of a successful ``POST /genrm/generate``."""
+
+    response: str
+    meta: GenerateMeta | None = None
+
+
+class GenerateBatchRequest(_Strict):
+    """Body of ``POST /genrm/generate_batch``: independent requests answered in order."""
+
+    requests: list[GenerateRequest] = Field(min_length=1)
+
+
+class ErrorDetail(_Strict):
+    """What went wrong, for a machine and a person."""
+
+    type: str
+    message: str
+    route_key: str | None = None
+    registered_route_keys: list[str] | None = None
+
+
+class ErrorBody(_Strict):
+    """Body of every non-2xx answer of the service: ``{"error": {...}}``."""
+
+    error: ErrorDetail
+
+
+class GenerateBatchResponse(_Strict):
+    """One entry per request, in order: a response, or the error of that request alone."""
+
+    results: list[GenerateResponse | ErrorBody]
+
+
+class InstanceHealth(_Strict):
+    """Health of one judge instance (route_key)."""
+
+    status: Literal["healthy", "degraded", "unhealthy", "asleep"]
+    engines_total: int | None = None
+    engines_healthy: int | None = None
+    detail: str | None = None
+
+
+class HealthReport(BaseModel):
+    """Body of ``GET /genrm/health``.
+
+    Exactly ``{"status": "healthy", "service": "genrm"}`` with one instance; ``instances`` is
+    present with several (or when unhealthy, to say which).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    status: Literal["healthy", "unhealthy"]
+    service: Literal["genrm"] = "genrm"
+    instances: dict[str, InstanceHealth] | None = None
