@@ -1,0 +1,1 @@
+"""GRPO maths: group-normalised advantages and the clipped policy loss with KL and TIS."""

@@ -1,0 +1,74 @@
+"""The unit of work of one GRPO step: a prompt, one sampled response, and what became of it.
+
+One mutable object travels rollout → reward → advantages → train, so every phase adds its part
+(tokens and log-probs from the engine, score and status from the reward function, advantage from
+GRPO) and a judge failure stays attached to the sample it happened to instead of being lost in a
+parallel list. It satisfies genrm-rewards' ``SampleLike`` protocol (``prompt``, ``response``,
+``label``, ``metadata``), so reward functions take it as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: Reward statuses, as genrm-rewards reports them; ``pending`` means not scored yet.
+RewardStatus = Literal["pending", "ok", "unparsed", "judge_error", "deferred"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass
+class Sample:
+    """One response to one prompt; the ``n_samples_per_prompt`` samples of a prompt share a group.
+
+    ``response_tokens`` and ``rollout_logprobs`` are aligned: ``rollout_logprobs[i]`` is the
+    log-probability the rollout engine gave ``response_tokens[i]`` when it sampled it (needed for
+    truncated importance sampling).
+    """
+
+    prompt: str | list[dict[str, str]]
+    label: str | None
+    metadata: dict[str, Any]
+    group_id: int
+    index: int = 0
+    prompt_tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_tokens: list[int] = field(default_factory=list)
+    rollout_logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    weight_version: int | None = None
+    reward: float | None = None
+    status: RewardStatus = "pending"
+    reward_details: dict[str, Any] = field(default_factory=dict)
+    advantage: float = 0.0
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt and response token ids, the sequence the trainer scores."""
+        return self.prompt_tokens + self.response_tokens
+
+    @property
+    def response_length(self) -> int:
+        return len(self.response_tokens)
+
+    @property
+    def in_loss(self) -> bool:
+        """Whether the sample takes part in the loss: a judge failure never does."""
+        return self.status != "judge_error" and self.reward is not None and self.response_length > 0
+
+    def apply_reward(self, result: dict[str, Any], reward_key: str = "score") -> None:
+        """Store a reward function's result; a missing/None score is a judge error, never a 0."""
+        status = result.get("status", "ok")
+        score = result.get(reward_key)
+        self.reward_details = dict(result)
+        if status == "judge_error" or score is None:
+            self.reward = None
+            self.status = "judge_error" if status != "deferred" else "deferred"
+            return
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            raise TypeError(
+                f"reward key {reward_key!r} must be a number or None, got {score!r} "
+                f"(result keys: {sorted(result)})"
+            )
+        self.reward = float(score)
+        self.status = status
