@@ -1,0 +1,119 @@
+"""The training-backend interface: the few things the GRPO driver needs from a trainer.
+
+Kept small on purpose so a Megatron-core backend (GPU) can sit beside the PyTorch + transformers
+one (CPU and small GPUs) without the driver knowing which it talks to: per-token log-probs of
+sampled responses (policy and reference), one optimizer step on a global batch, the weights for
+the rollout engines, memory offload / onload for colocated phases, and checkpoints.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from rl_core.grpo.loss import LossConfig
+
+LrDecayStyle = Literal["constant", "linear", "cosine"]
+
+
+@dataclass(frozen=True)
+class TrainItem:
+    """One sample as the trainer sees it.
+
+    ``tokens`` is prompt + response; the response starts at ``response_start``. ``advantage``
+    applies to every response token; ``in_loss`` False (a judge failure) masks the whole sample.
+    """
+
+    tokens: list[int]
+    response_start: int
+    advantage: float
+    in_loss: bool
+    rollout_logprobs: list[float] | None = None
+
+    @property
+    def response_len(self) -> int:
+        return len(self.tokens) - self.response_start
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Optimizer and batching settings shared by all backends (the train flags map onto it)."""
+
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_decay_style: LrDecayStyle = "constant"
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    max_tokens_per_micro_batch: int = 4096
+    logprob_chunk_size: int = 256
+    bf16: bool = False
+    temperature: float = 1.0
+    seed: int = 1234
+    loss: LossConfig = LossConfig()
+
+
+def lr_at(cfg: BackendConfig, step: int) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then the decay style."""
+    if cfg.lr_warmup_iters > 0 and step < cfg.lr_warmup_iters:
+        return cfg.lr * (step + 1) / cfg.lr_warmup_iters
+    if cfg.lr_decay_style == "constant":
+        return cfg.lr
+    total = cfg.lr_decay_iters
+    if total is None or total <= cfg.lr_warmup_iters:
+        raise ValueError(f"--lr-decay-style {cfg.lr_decay_style} needs --lr-decay-iters > warmup")
+    frac = min(1.0, (step - cfg.lr_warmup_iters) / (total - cfg.lr_warmup_iters))
+    if cfg.lr_decay_style == "linear":
+        return cfg.lr - (cfg.lr - cfg.min_lr) * frac
+    import math
+
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
+
+
+class TrainingBackend(ABC):
+    """A policy being trained (plus, when the KL loss is on, its frozen reference)."""
+
+    #: Optimizer steps taken so far.
+    step: int
+
+    @abstractmethod
+    def logprobs(self, items: list[TrainItem], *, reference: bool = False) -> list[torch.Tensor]:
+        """Per-response-token log-probs of each item (no grad), from the policy or the reference."""
+
+    @abstractmethod
+    def train_step(
+        self,
+        items: list[TrainItem],
+        *,
+        old_logprobs: list[torch.Tensor],
+        ref_logprobs: list[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step on a global batch; returns metrics (loss, kl, clipfrac, ...)."""
+
+    @abstractmethod
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's weights, as the rollout engines load them."""
+
+    @abstractmethod
+    def offload(self) -> None:
+        """Release accelerator memory (weights, grads, optimizer state) for another phase."""
+
+    @abstractmethod
+    def onload(self) -> None:
+        """Take the accelerator memory back before training."""
+
+    @abstractmethod
+    def save(self, path: Path, extra: dict[str, Any]) -> None:
+        """Write a checkpoint (model, optimizer, step, and the caller's ``extra`` state)."""
+
+    @abstractmethod
+    def load(self, path: Path) -> dict[str, Any]:
+        """Restore a checkpoint written by :meth:`save`; returns its ``extra`` state."""

@@ -1,0 +1,328 @@
+"""PyTorch + transformers training backend, for CPU and small GPUs.
+
+The memory trap on CPU is the output layer: the Gemma 3 vocabulary has 262,144 entries, so full
+fp32 logits of a batch of 8 × 192 tokens (and their log-softmax) take ≈12 GB. This backend only
+projects the hidden states of *response* positions, in chunks, each chunk under activation
+checkpointing: the forward keeps one chunk of logits alive at a time and the backward recomputes
+it. The log-probs divide the logits by the rollout temperature, so they match what the engine
+sampled from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem, lr_at
+from rl_core.grpo.loss import grpo_loss
+
+
+def micro_batches(items: list[TrainItem], max_tokens: int) -> list[list[int]]:
+    """Split item indices into micro-batches whose padded size (count × longest) fits the budget.
+
+    An item longer than the budget gets a micro-batch of its own (it cannot be split).
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, item in enumerate(items):
+        n = len(item.tokens)
+        if current and max(longest, n) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _chunk_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = (hidden @ weight.t()).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    with torch.no_grad():
+        probs = torch.exp(logits - lse.unsqueeze(-1))
+        entropy = lse - (probs * logits).sum(-1)
+    return logp, entropy
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    chunk_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (and entropies) of ``targets`` given ``hidden`` ``[N, H]``, ``chunk_size`` rows
+    of full-vocabulary logits at a time (checkpointed when grad is on)."""
+    outs, ents = [], []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(
+                _chunk_logprobs, h, weight, t, temperature, softcap, use_reentrant=False
+            )
+        else:
+            lp, ent = _chunk_logprobs(h, weight, t, temperature, softcap)
+        outs.append(lp)
+        ents.append(ent)
+    if not outs:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(outs), torch.cat(ents)
+
+
+class TorchHFBackend(TrainingBackend):
+    """AdamW on a transformers causal LM, fp32 master weights, optional bf16 autocast."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        cfg: BackendConfig,
+        *,
+        device: str = "cpu",
+        load_reference: bool | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        torch.manual_seed(cfg.seed)
+        self.model_path = str(model_path)
+        self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=torch.float32
+        ).to(self.device)
+        self.model.config.use_cache = False
+        # A KL coefficient of 0 needs no reference model (the original loads one for nothing).
+        if load_reference is None:
+            load_reference = cfg.loss.use_kl_loss and cfg.loss.kl_loss_coef != 0.0
+        self.ref_model: PreTrainedModel | None = None
+        if load_reference:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=torch.float32
+            ).to(self.device)
+            self.ref_model.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=lr_at(cfg, 0),
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
+        self.step = 0
+        self.offloaded = False
+        softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        self._softcap: float | None = float(softcap) if softcap else None
+
+    # --- forward ---------------------------------------------------------------------------------
+
+    def _autocast(self) -> Any:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+
+    def _forward(
+        self, model: PreTrainedModel, items: list[TrainItem]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        longest = max(len(it.tokens) for it in items)
+        ids = torch.zeros(len(items), longest, dtype=torch.long)
+        attn = torch.zeros(len(items), longest, dtype=torch.long)
+        rows, cols, targets = [], [], []
+        for b, it in enumerate(items):
+            n = len(it.tokens)
+            ids[b, :n] = torch.tensor(it.tokens)
+            attn[b, :n] = 1
+            # position p predicts token p + 1: response tokens are predicted from start-1 .. n-2
+            for p in range(it.response_start - 1, n - 1):
+                rows.append(b)
+                cols.append(p)
+                targets.append(it.tokens[p + 1])
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        with self._autocast():
+            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+            sel = hidden[torch.tensor(rows), torch.tensor(cols)]
+            weight = model.get_output_embeddings().weight
+            logp, ent = token_logprobs(
+                sel,
+                weight,
+                torch.tensor(targets, device=self.device),
+                temperature=self.cfg.temperature,
+                softcap=self._softcap,
+                chunk_size=self.cfg.logprob_chunk_size,
+            )
+        sizes = [it.response_len for it in items]
+        return list(torch.split(logp, sizes)), list(torch.split(ent, sizes))
+
+    def logprobs(self, items: list[TrainItem], *, reference: bool = False) -> list[torch.Tensor]:
+        model = self.ref_model if reference else self.model
+        if model is None:
+            raise RuntimeError("no reference model loaded (the KL loss is off or its coef is 0)")
+        self._check_loaded()
+        out: list[torch.Tensor] = [torch.empty(0)] * len(items)
+        with torch.no_grad():
+            for mb in micro_batches(items, self.cfg.max_tokens_per_micro_batch):
+                lps, _ = self._forward(model, [items[i] for i in mb])
+                for i, lp in zip(mb, lps, strict=True):
+                    out[i] = lp.float().cpu()
+        return out
+
+    # --- training --------------------------------------------------------------------------------
+
+    def train_step(
+        self,
+        items: list[TrainItem],
+        *,
+        old_logprobs: list[torch.Tensor],
+        ref_logprobs: list[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        self._check_loaded()
+        loss_cfg = self.cfg.loss
+        total_tokens = float(sum(it.response_len for it in items if it.in_loss))
+        lr = lr_at(self.cfg, self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0, "tis": 0.0, "entropy": 0.0}
+        n_micro = 0
+        if total_tokens > 0:
+            for mb in micro_batches(items, self.cfg.max_tokens_per_micro_batch):
+                batch = [items[i] for i in mb]
+                if not any(it.in_loss for it in batch):
+                    continue
+                n_micro += 1
+                logps, ents = self._forward(self.model, batch)
+                logp = torch.cat(logps)
+                adv = torch.cat([torch.full((it.response_len,), it.advantage) for it in batch])
+                mask = torch.cat(
+                    [torch.full((it.response_len,), float(it.in_loss)) for it in batch]
+                )
+                old = torch.cat([old_logprobs[i] for i in mb]).to(logp.device)
+                ref = (
+                    torch.cat([ref_logprobs[i] for i in mb]).to(logp.device)
+                    if ref_logprobs is not None
+                    else None
+                )
+                rollout = None
+                if loss_cfg.use_tis:
+                    rollout = torch.cat(
+                        [torch.tensor(items[i].rollout_logprobs or []) for i in mb]
+                    ).to(logp.device)
+                parts = grpo_loss(
+                    logp,
+                    old,
+                    adv.to(logp.device),
+                    mask.to(logp.device),
+                    loss_cfg,
+                    total_tokens=total_tokens,
+                    ref_logprobs=ref,
+                    rollout_logprobs=rollout,
+                )
+                parts.loss.backward()
+                sums["loss"] += float(parts.loss.detach())
+                sums["pg_loss"] += parts.pg_loss_sum / total_tokens
+                sums["kl"] += parts.kl_sum / total_tokens
+                sums["clipfrac"] += parts.clipfrac_sum / total_tokens
+                sums["tis"] += parts.tis_sum / total_tokens
+                sums["entropy"] += float((torch.cat(ents) * mask.to(logp.device)).sum()) / (
+                    total_tokens
+                )
+        grad_norm = 0.0
+        if n_micro:
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad)
+            )
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"non-finite gradient norm at step {self.step}")
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.model.eval()
+        return {
+            **sums,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "train_tokens": total_tokens,
+            "micro_batches": float(n_micro),
+        }
+
+    # --- weights, memory, checkpoints -----------------------------------------------------------
+
+    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        return {
+            k: (v.detach().to(dtype) if dtype is not None else v.detach()).cpu().clone()
+            for k, v in self.model.state_dict().items()
+        }
+
+    def _move(self, device: torch.device) -> None:
+        self.model.to(device)
+        for state in self.optimizer.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor):
+                    state[k] = v.to(device)
+        if self.ref_model is not None:
+            self.ref_model.to(device)
+
+    def offload(self) -> None:
+        if not self.offloaded:
+            if self.device.type != "cpu":
+                self._move(torch.device("cpu"))
+                torch.cuda.empty_cache()
+            self.offloaded = True
+
+    def onload(self) -> None:
+        if self.offloaded:
+            if self.device.type != "cpu":
+                self._move(self.device)
+            self.offloaded = False
+
+    def _check_loaded(self) -> None:
+        if self.offloaded:
+            raise RuntimeError("training backend is offloaded; call onload() first")
+
+    def save(self, path: Path, extra: dict[str, Any]) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(tmp / "model")
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()},
+            tmp / "optimizer.pt",
+        )
+        (tmp / "state.json").write_text(json.dumps({"step": self.step, "extra": extra}, indent=1))
+        if path.exists():
+            import shutil
+
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> dict[str, Any]:
+        path = Path(path)
+        if not (path / "state.json").is_file():
+            raise FileNotFoundError(f"--load {path}: not a checkpoint (no state.json)")
+        loaded = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
+        self.model.load_state_dict(loaded.state_dict())
+        del loaded
+        opt = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(opt["optimizer"])
+        torch.set_rng_state(opt["rng"])
+        state = json.loads((path / "state.json").read_text())
+        self.step = int(state["step"])
+        extra: dict[str, Any] = state["extra"]
+        return extra
