@@ -9,7 +9,7 @@ the rollout engines, memory offload / onload for colocated phases, and checkpoin
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,7 +58,7 @@ class BackendConfig:
     bf16: bool = False
     temperature: float = 1.0
     seed: int = 1234
-    loss: LossConfig = LossConfig()
+    loss: LossConfig = field(default_factory=LossConfig)
 
 
 def lr_at(cfg: BackendConfig, step: int) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM
 
 from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem, lr_at
 from rl_core.grpo.loss import grpo_loss
@@ -91,6 +91,11 @@ def token_logprobs(
     return torch.cat(outs), torch.cat(ents)
 
 
+def _load_causal_lm(path: str | Path, device: torch.device) -> Any:
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return model.to(device)
+
+
 class TorchHFBackend(TrainingBackend):
     """AdamW on a transformers causal LM, fp32 master weights, optional bf16 autocast."""
 
@@ -106,18 +111,14 @@ class TorchHFBackend(TrainingBackend):
         self.device = torch.device(device)
         torch.manual_seed(cfg.seed)
         self.model_path = str(model_path)
-        self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=torch.float32
-        ).to(self.device)
+        self.model: Any = _load_causal_lm(self.model_path, self.device)
         self.model.config.use_cache = False
         # A KL coefficient of 0 needs no reference model (the original loads one for nothing).
         if load_reference is None:
             load_reference = cfg.loss.use_kl_loss and cfg.loss.kl_loss_coef != 0.0
-        self.ref_model: PreTrainedModel | None = None
+        self.ref_model: Any = None
         if load_reference:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(
-                self.model_path, dtype=torch.float32
-            ).to(self.device)
+            self.ref_model = _load_causal_lm(self.model_path, self.device)
             self.ref_model.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -137,7 +138,7 @@ class TorchHFBackend(TrainingBackend):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
 
     def _forward(
-        self, model: PreTrainedModel, items: list[TrainItem]
+        self, model: Any, items: list[TrainItem]
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         longest = max(len(it.tokens) for it in items)
         ids = torch.zeros(len(items), longest, dtype=torch.long)
@@ -233,7 +234,7 @@ class TorchHFBackend(TrainingBackend):
                     ref_logprobs=ref,
                     rollout_logprobs=rollout,
                 )
-                parts.loss.backward()
+                torch.autograd.backward(parts.loss)
                 sums["loss"] += float(parts.loss.detach())
                 sums["pg_loss"] += parts.pg_loss_sum / total_tokens
                 sums["kl"] += parts.kl_sum / total_tokens
