@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from rl_core.grpo.advantages import grpo_advantages
 
 S3 = math.sqrt(1 / 3)  # Bessel std of {1, 0, 1, 0} and of {1, 0, 1}

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from rl_core.data import (
     DataError,
     PromptCursor,

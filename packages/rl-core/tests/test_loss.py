@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+
 from rl_core.grpo.loss import LossConfig, grpo_loss, kl_penalty, ppo_clip_loss, tis_weights
 
 T = torch.tensor

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from rl_core.backends.base import BackendConfig, TrainItem, lr_at
 from rl_core.backends.torch_hf import TorchHFBackend, micro_batches, token_logprobs
 from rl_core.grpo.loss import LossConfig

@@ -1,0 +1,94 @@
+"""``rl-core train`` flags → TrainConfig: presets, config files, errors that name the flag."""
+
+import pytest
+
+from rl_core.config import ConfigError, parse_train_args
+
+BASE = ["--hf-checkpoint", "m", "--prompt-data", "d.jsonl", "--rm-type", "math"]
+
+
+def test_original_flags_parse():
+    cfg, _ = parse_train_args(
+        [
+            *BASE,
+            "--advantage-estimator",
+            "grpo",
+            "--use-kl-loss",
+            "--kl-loss-coef",
+            "0.01",
+            "--kl-loss-type",
+            "k2",
+            "--eps-clip",
+            "0.2",
+            "--eps-clip-high",
+            "0.28",
+            "--use-tis",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-6",
+            "--lr-decay-style",
+            "constant",
+            "--weight-decay",
+            "0.1",
+            "--n-samples-per-prompt",
+            "8",
+            "--rollout-max-response-len",
+            "8192",
+            "--rollout-temperature",
+            "1",
+            "--num-steps",
+            "5",
+            "--rollout-batch-size",
+            "4",
+            "--global-batch-size",
+            "16",
+            "--genrm-model-path",
+            "judge",
+            "--colocate",
+        ]
+    )
+    assert (cfg.kl_loss_type, cfg.eps_clip_high, cfg.num_rollout) == ("k2", 0.28, 5)
+    assert cfg.use_tis and cfg.use_kl_loss and cfg.train_batch_size == 16
+    assert list(cfg.genrm_instances) == ["__default__"]
+    with pytest.raises(Exception):  # frozen
+        cfg.lr = 1.0  # type: ignore[misc]
+
+
+def test_preset_and_config_file_and_cli_priority(tmp_path):
+    cfg, _ = parse_train_args(["--preset", "cpu-demo"])
+    assert cfg.rm_type == "dapo-genrm" and cfg.rule_gate and cfg.genrm_enabled
+    f = tmp_path / "c.yaml"
+    f.write_text("lr: 0.5\nrollout-batch-size: 2\n")
+    cfg, _ = parse_train_args(["--preset", "cpu-demo", "--config", str(f), "--lr", "0.25"])
+    assert (cfg.lr, cfg.rollout_batch_size) == (0.25, 2)
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        pytest.param(["--n-samples-per-prompt", "1"], "at least 2", id="group-of-one"),
+        pytest.param(["--global-batch-size", "5"], "must divide", id="global-batch"),
+        pytest.param(["--eps-clip", "1.5"], "--eps-clip = 1.5", id="eps-range"),
+        pytest.param(["--eps-clip-high", "0.1"], "eps-clip-high", id="eps-high-below"),
+        pytest.param(["--save-interval", "2"], "needs --save", id="save-interval"),
+        pytest.param(["--rm-type", "dummy"], "defer-reward-to-post-process", id="dummy-alone"),
+        pytest.param(["--defer-reward-to-post-process"], "rm-type dummy", id="defer-non-dummy"),
+        pytest.param(["--genrm-instances", "{bad"], "genrm-instances", id="genrm-json"),
+    ],
+)
+def test_invalid_configs_name_the_flag(extra, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_train_args([*BASE, *extra])
+
+
+def test_unknown_key_in_config_file(tmp_path):
+    f = tmp_path / "c.json"
+    f.write_text('{"learning_rate": 1}')
+    with pytest.raises(ConfigError, match="unknown key 'learning_rate'"):
+        parse_train_args([*BASE, "--config", str(f)])
+
+
+def test_required_flags():
+    with pytest.raises(ConfigError, match="--hf-checkpoint is required"):
+        parse_train_args(["--prompt-data", "x", "--rm-type", "math"])
