@@ -1,6 +1,7 @@
 """``rl-core train`` flags → TrainConfig: presets, config files, errors that name the flag."""
 
 import pytest
+from pydantic import ValidationError
 
 from rl_core.config import ConfigError, parse_train_args
 
@@ -51,7 +52,7 @@ def test_original_flags_parse():
     assert (cfg.kl_loss_type, cfg.eps_clip_high, cfg.num_rollout) == ("k2", 0.28, 5)
     assert cfg.use_tis and cfg.use_kl_loss and cfg.train_batch_size == 16
     assert list(cfg.genrm_instances) == ["__default__"]
-    with pytest.raises(Exception):  # frozen
+    with pytest.raises(ValidationError):  # frozen
         cfg.lr = 1.0  # type: ignore[misc]
 
 
