@@ -41,9 +41,9 @@ class MetricsWriter:
             f.write(json.dumps(record, default=str) + "\n")
         if self._tb is not None:
             for key, value in metrics.items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    if math.isfinite(value):
-                        self._tb.add_scalar(key, value, step)
+                numeric = isinstance(value, int | float) and not isinstance(value, bool)
+                if numeric and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
             self._tb.flush()
 
     def close(self) -> None:
