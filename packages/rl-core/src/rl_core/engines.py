@@ -1,0 +1,120 @@
+"""Handles on rollout and judge engines, the same calls whether in-process or Ray actors.
+
+genrm-serve's engines (the ``hf`` transformers engine is both the embedded judge and the CPU
+rollout engine) implement ``genrm_serve.engines.base.Engine``. The driver talks to them only
+through :class:`EngineHandle`: generate, sleep / wake, weight updates with a version check. A
+local handle wraps an engine object (tests, single-process CPU runs); a Ray handle wraps an
+engine actor and awaits its ObjectRefs — never a blocking ``ray.get`` in async code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from typing import Any
+
+from genrm_serve.engines.base import Engine, EngineOutput, EngineRequest
+
+#: Deadline of one engine call (generate of a batch, sleep, wake, weight update).
+ENGINE_CALL_TIMEOUT_S = 1800.0
+
+
+class StaleWeightsError(RuntimeError):
+    """A rollout engine does not serve the weight version the trainer just sent."""
+
+
+class EngineHandle(ABC):
+    """One rollout or judge engine as the driver sees it."""
+
+    name: str
+
+    @abstractmethod
+    async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]: ...
+
+    @abstractmethod
+    async def sleep(self) -> None: ...
+
+    @abstractmethod
+    async def wake(self) -> None: ...
+
+    @abstractmethod
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
+
+    @abstractmethod
+    async def weight_version(self) -> int: ...
+
+    @abstractmethod
+    async def state(self) -> str: ...
+
+    async def sync_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Send new weights and check the engine now reports ``version``."""
+        await self.update_weights(state_dict, version)
+        served = await self.weight_version()
+        if served != version:
+            raise StaleWeightsError(
+                f"engine {self.name} serves weight version {served} after an update to {version}"
+            )
+
+
+class LocalEngineHandle(EngineHandle):
+    """An engine object in this process."""
+
+    def __init__(self, engine: Engine, name: str | None = None) -> None:
+        self.engine = engine
+        self.name = name or engine.engine_id
+
+    async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
+        return await asyncio.wait_for(self.engine.generate(requests), ENGINE_CALL_TIMEOUT_S)
+
+    async def sleep(self) -> None:
+        await asyncio.wait_for(self.engine.sleep(), ENGINE_CALL_TIMEOUT_S)
+
+    async def wake(self) -> None:
+        await asyncio.wait_for(self.engine.wake(), ENGINE_CALL_TIMEOUT_S)
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        await asyncio.wait_for(
+            self.engine.update_weights(state_dict, version), ENGINE_CALL_TIMEOUT_S
+        )
+
+    async def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    async def state(self) -> str:
+        return self.engine.state
+
+
+class RayEngineHandle(EngineHandle):
+    """An engine running in a Ray actor that exposes the engine's methods (async actor)."""
+
+    def __init__(self, actor: Any, name: str) -> None:
+        self.actor = actor
+        self.name = name
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        ref = getattr(self.actor, method).remote(*args)
+        return await asyncio.wait_for(ref, ENGINE_CALL_TIMEOUT_S)
+
+    async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
+        result: list[EngineOutput] = await self._call("generate", requests)
+        return result
+
+    async def sleep(self) -> None:
+        await self._call("sleep")
+
+    async def wake(self) -> None:
+        await self._call("wake")
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        import ray
+
+        ref = ray.put(state_dict)  # one copy in the object store, shared by every engine
+        await self._call("update_weights", ref, version)
+
+    async def weight_version(self) -> int:
+        stats: dict[str, Any] = await self._call("stats")
+        return int(stats["weight_version"])
+
+    async def state(self) -> str:
+        stats: dict[str, Any] = await self._call("stats")
+        return str(stats["state"])

@@ -1,0 +1,157 @@
+"""Scoring samples: inline as each sample finishes, or deferred to a post-process hook.
+
+Inline: every finished sample gets a task that calls the reward function under a semaphore
+(``--reward-concurrency``), overlapping the rest of the rollout; the time the trainer then still
+waits for rewards is measured on its own. Deferred (``--rm-type dummy
+--defer-reward-to-post-process``): the dummy placeholder first, then a post-process hook scores the
+whole batch. The built-in hook owns the defer-swap sequence — rollout engines sleep, judge wakes,
+batch scored, judge sleeps — so users do not write it; ``--custom-reward-post-process-path``
+replaces it with ``async def hook(args, samples) -> list[dict] | None`` (results to apply, or
+``None`` when the hook set ``sample.reward`` / ``status`` itself).
+
+A reward function that raises is recorded as ``judge_error`` on that sample (with the error), never
+as 0, and the step's judge-error budget decides whether training continues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rl_core.phases import PhaseMachine
+from rl_core.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[[Any, Any], Awaitable[Mapping[str, Any]]]
+BatchRewardFn = Callable[[Any, Sequence[Any]], Awaitable[Sequence[Mapping[str, Any]]]]
+PostProcessHook = Callable[["PostProcessContext", list[Sample]], Awaitable[None]]
+
+#: Deadline for one reward call; past it the sample is a judge error.
+REWARD_TIMEOUT_S = 600.0
+
+
+class JudgeFailureError(RuntimeError):
+    """Too many samples of a step have no reward: training on the rest would train on noise."""
+
+
+class UnscoredSamplesError(RuntimeError):
+    """A post-process hook left samples in the ``deferred`` state."""
+
+
+def _error_result(err: BaseException) -> dict[str, Any]:
+    return {"score": None, "status": "judge_error", "error": f"{type(err).__name__}: {err}"}
+
+
+class InlineRewards:
+    """Scores samples as they are handed in; :meth:`drain` waits for the outstanding ones."""
+
+    def __init__(self, fn: RewardFn, args: Any, *, reward_key: str, concurrency: int) -> None:
+        self.fn = fn
+        self.args = args
+        self.reward_key = reward_key
+        self._sem = asyncio.Semaphore(concurrency)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.on_scored: Callable[[Sample], None] | None = None
+
+    async def _score(self, sample: Sample) -> None:
+        async with self._sem:
+            try:
+                result = await asyncio.wait_for(self.fn(self.args, sample), REWARD_TIMEOUT_S)
+            except Exception as err:  # a reward fn bug or outage: a judge error, never a 0
+                logger.warning(
+                    "reward of sample g%s/%s failed: %s", sample.group_id, sample.index, err
+                )
+                result = _error_result(err)
+        sample.apply_reward(dict(result), self.reward_key)
+        if self.on_scored is not None:
+            self.on_scored(sample)
+
+    def submit(self, samples: Sequence[Sample]) -> None:
+        for s in samples:
+            self._tasks.append(asyncio.ensure_future(self._score(s)))
+
+    async def drain(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        if tasks:
+            await asyncio.gather(*tasks)
+
+
+async def score_batch(
+    batch_fn: BatchRewardFn, args: Any, samples: list[Sample], reward_key: str
+) -> None:
+    """Score a whole batch with a batch reward function and apply the results."""
+    try:
+        results = list(await asyncio.wait_for(batch_fn(args, samples), REWARD_TIMEOUT_S))
+    except Exception as err:
+        logger.warning("batch reward failed for %d samples: %s", len(samples), err)
+        results = [_error_result(err)] * len(samples)
+    if len(results) != len(samples):
+        raise RuntimeError(f"batch reward returned {len(results)} results for {len(samples)}")
+    for s, r in zip(samples, results, strict=True):
+        s.apply_reward(dict(r), reward_key)
+
+
+@dataclass
+class PostProcessContext:
+    """What a post-process hook may use: the run's args, the phase machine, the batch scorer."""
+
+    args: Any
+    phases: PhaseMachine
+    batch_fn: BatchRewardFn
+    reward_key: str
+
+
+async def defer_swap_post_process(ctx: PostProcessContext, samples: list[Sample]) -> None:
+    """The built-in defer-swap hook: rollout sleeps → judge wakes → batch scored → judge sleeps."""
+    if "reward" in ctx.phases.phases:
+        await ctx.phases.enter("reward")
+    else:  # a mode without a reward phase: just make sure the judges are up
+        for who in ctx.phases.judges():
+            await ctx.phases.set_state(who, "active", reason="reward")
+    await score_batch(ctx.batch_fn, ctx.args, samples, ctx.reward_key)
+    if "reward" in ctx.phases.phases:
+        for who in ctx.phases.judges():
+            await ctx.phases.set_state(who, "asleep", reason="reward-done")
+
+
+def custom_post_process(fn: Callable[[Any, list[Sample]], Awaitable[Any]]) -> PostProcessHook:
+    """Wrap a user hook ``async def hook(args, samples) -> list[dict] | None``."""
+
+    async def hook(ctx: PostProcessContext, samples: list[Sample]) -> None:
+        results = await fn(ctx.args, samples)
+        if results is not None:
+            results = list(results)
+            if len(results) != len(samples):
+                raise RuntimeError(
+                    f"post-process hook returned {len(results)} results for {len(samples)}"
+                )
+            for s, r in zip(samples, results, strict=True):
+                s.apply_reward(dict(r), ctx.reward_key)
+
+    return hook
+
+
+def check_scored(samples: Sequence[Sample]) -> None:
+    left = [s for s in samples if s.status in ("deferred", "pending")]
+    if left:
+        raise UnscoredSamplesError(
+            f"{len(left)} of {len(samples)} samples are still {left[0].status!r} after the reward "
+            "phase: the post-process hook must score every sample (or mark it judge_error)"
+        )
+
+
+def check_judge_errors(samples: Sequence[Sample], max_fraction: float, step: int) -> int:
+    """Count judge errors; raise when more than ``max_fraction`` of the step failed."""
+    failed = [s for s in samples if s.status == "judge_error"]
+    if samples and len(failed) / len(samples) > max_fraction:
+        example = failed[0].reward_details.get("error", "no error text")
+        raise JudgeFailureError(
+            f"step {step}: {len(failed)} of {len(samples)} samples have no reward (judge_error), "
+            f"more than --max-judge-error-fraction {max_fraction:g}; stopping instead of training "
+            f"on noise. First error: {example}"
+        )
+    return len(failed)

@@ -1,0 +1,428 @@
+"""The GRPO driver: rollout → rewards → advantages → train → weight sync → eval → save.
+
+:meth:`GRPOTrainer.run` is meant to read like the algorithm. Everything it talks to is injected —
+a training backend, rollout engine handles, a phase machine built from the placement plan, reward
+functions — so the same loop runs on a GPU cluster, on this CPU machine, and in tests with tiny
+models. Building those parts from flags (Ray, the judge service, engines) is ``rl_core.launch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_core.backends.base import TrainingBackend, TrainItem
+from rl_core.config import TrainConfig
+from rl_core.data import PromptCursor, PromptDataset
+from rl_core.engines import EngineHandle, StaleWeightsError
+from rl_core.grpo.advantages import grpo_advantages
+from rl_core.metrics import MetricsWriter, PhaseClock
+from rl_core.phases import PhaseMachine
+from rl_core.rewards import (
+    BatchRewardFn,
+    InlineRewards,
+    PostProcessContext,
+    PostProcessHook,
+    RewardFn,
+    check_judge_errors,
+    check_scored,
+)
+from rl_core.rollout import RolloutSettings, generate_groups, make_group
+from rl_core.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+LATEST = "latest"
+
+
+@dataclass
+class StepRecord:
+    """What happened in one step, for the metrics and the closing summary."""
+
+    step: int
+    metrics: dict[str, Any]
+    phase_times: dict[str, float]
+    verdicts: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class RewardSetup:
+    """The reward path of a run: inline function, or deferred with a post-process hook."""
+
+    args: Any
+    reward_key: str
+    inline_fn: RewardFn | None
+    batch_fn: BatchRewardFn | None = None
+    post_process: PostProcessHook | None = None
+    concurrency: int = 32
+
+    @property
+    def deferred(self) -> bool:
+        return self.post_process is not None
+
+
+def verdict_source(sample: Sample) -> str:
+    """Where a sample's reward came from: rule gate, judge, cache, or an error / other rule."""
+    d = sample.reward_details
+    if sample.status == "judge_error":
+        return "judge_error"
+    if d.get("gate") == "hit":
+        return "gate"
+    if d.get("cache") == "hit":
+        return "judge_cache"
+    if sample.status == "unparsed":
+        return "judge_unparsed"
+    if "gate" in d or "route_key" in d:
+        return "judge"
+    return "rule"
+
+
+def _acc(sample: Sample) -> float | None:
+    if sample.reward is None:
+        return None
+    acc = sample.reward_details.get("acc")
+    if isinstance(acc, int | float) and not isinstance(acc, bool):
+        return float(acc)
+    return 1.0 if sample.reward > 0.5 else 0.0
+
+
+class GRPOTrainer:
+    """One GRPO run."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        backend: TrainingBackend,
+        tokenizer: Any,
+        rollout_engines: Sequence[EngineHandle],
+        phases: PhaseMachine,
+        rewards: RewardSetup,
+        train_data: PromptDataset,
+        eval_data: PromptDataset | None = None,
+        mode: str = "colocate",
+        metrics: MetricsWriter | None = None,
+        clock: PhaseClock | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.engines = list(rollout_engines)
+        self.phases = phases
+        self.rewards = rewards
+        self.train_data = train_data
+        self.eval_data = eval_data
+        self.mode = mode
+        self.metrics = metrics or MetricsWriter(cfg.run_dir)
+        self.clock = clock or PhaseClock()
+        self.cursor = PromptCursor(size=len(train_data), seed=cfg.seed)
+        if not cfg.rollout_shuffle:
+            self.cursor._order = lambda epoch: list(range(len(train_data)))  # type: ignore[method-assign]
+        self.weight_version = 0
+        self.start_step = 0
+        self.history: list[StepRecord] = []
+        self._inline: InlineRewards | None = None
+        self.eval_history: list[dict[str, Any]] = []
+        self.settings = RolloutSettings(
+            n_samples_per_prompt=cfg.n_samples_per_prompt,
+            max_response_len=cfg.rollout_max_response_len,
+            temperature=cfg.rollout_temperature,
+            top_p=cfg.rollout_top_p,
+            top_k=cfg.rollout_top_k,
+            stop=tuple(cfg.rollout_stop or ()),
+            apply_chat_template=cfg.apply_chat_template,
+            max_prompt_len=cfg.rollout_max_prompt_len,
+            need_logprobs=cfg.use_tis,
+            seed=cfg.seed,
+        )
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    async def run(self) -> list[StepRecord]:
+        """Train for ``--num-rollout`` steps (from the loaded checkpoint, if any)."""
+        if self.cfg.load:
+            await self.load(Path(self.cfg.load))
+        if self.mode == "fully-async":
+            await self._run_fully_async()
+        else:
+            for step in range(self.start_step, self.cfg.num_rollout):
+                await self.phases.enter("inference")
+                batch, times = await self.generate_and_score(step)
+                await self.finish_step(step, batch, times)
+        self.metrics.close()
+        return self.history
+
+    async def _run_fully_async(self) -> None:
+        """Rollout of step k+1 runs while step k trains; samples are at most 1 version stale."""
+        await self.phases.enter("inference")
+        pending: asyncio.Task[tuple[list[Sample], dict[str, float]]] | None = None
+        pending = asyncio.ensure_future(self.generate_and_score(self.start_step))
+        for step in range(self.start_step, self.cfg.num_rollout):
+            batch, times = await pending
+            if step + 1 < self.cfg.num_rollout:
+                pending = asyncio.ensure_future(self.generate_and_score(step + 1))
+            await self.finish_step(step, batch, times, max_staleness=1)
+
+    async def finish_step(
+        self,
+        step: int,
+        batch: list[Sample],
+        times: dict[str, float],
+        *,
+        max_staleness: int = 0,
+    ) -> None:
+        """Everything after the rollout of a step: advantages, train, sync, eval, save, log."""
+        self._check_staleness(batch, max_staleness)
+        errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step)
+        adv = grpo_advantages(
+            [s.reward for s in batch],
+            [s.group_id for s in batch],
+            normalize_std=self.cfg.grpo_std_normalization,
+        )
+        for s, a, ok in zip(batch, adv.values, adv.valid, strict=True):
+            s.advantage = a if ok else 0.0
+        await self.phases.enter("train")
+        t0 = time.perf_counter()
+        train_metrics = await asyncio.to_thread(self.train_on, batch)
+        times["train"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if self.mode != "fully-async":
+            await self.phases.enter("inference")
+        times["wake"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await self.sync_weights(self.weight_version + 1)
+        times["weight_sync"] = time.perf_counter() - t0
+
+        metrics = self._rollout_metrics(batch)
+        metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+        metrics.update(
+            {
+                "adv/nonzero": sum(1 for a in adv.values if a != 0.0),
+                "adv/abs_mean": statistics.fmean(abs(a) for a in adv.values),
+                "adv/degenerate_groups": adv.num_degenerate_groups,
+                "adv/groups": adv.num_groups,
+                "rollout/judge_errors": errors,
+                "weights/version": self.weight_version,
+            }
+        )
+        verdicts = Counter(verdict_source(s) for s in batch)
+        metrics.update({f"verdicts/{k}": v for k, v in verdicts.items()})
+        if self.cfg.eval_interval and (step + 1) % self.cfg.eval_interval == 0:
+            t0 = time.perf_counter()
+            metrics.update(await self.evaluate(step + 1))
+            times["eval"] = time.perf_counter() - t0
+        if self.cfg.save and (
+            (self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0)
+            or step + 1 == self.cfg.num_rollout
+        ):
+            t0 = time.perf_counter()
+            await asyncio.to_thread(self.save, Path(self.cfg.save), step + 1)
+            times["save"] = time.perf_counter() - t0
+        metrics.update({f"time/{k}": v for k, v in times.items()})
+        self.metrics.log(step + 1, metrics)
+        self.history.append(StepRecord(step + 1, metrics, times, verdicts))
+
+    # --- phases ----------------------------------------------------------------------------------
+
+    async def generate_and_score(self, step: int) -> tuple[list[Sample], dict[str, float]]:
+        """Rollout of one step with inline rewards (or deferred scoring after it)."""
+        cfg = self.cfg
+        idx = self.cursor.take(cfg.rollout_batch_size)
+        groups = [
+            make_group(self.train_data.records[i], gid, cfg.n_samples_per_prompt)
+            for gid, i in enumerate(idx)
+        ]
+        times: dict[str, float] = {}
+        t0 = time.perf_counter()
+        samples = await self._generate(groups, seed_base=step * 100_000, label="rollout")
+        times["rollout"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await self._score_after(samples)
+        times["reward_wait" if not self.rewards.deferred else "reward"] = time.perf_counter() - t0
+        check_scored(samples)
+        return samples, times
+
+    async def _generate(
+        self,
+        groups: list[list[Sample]],
+        *,
+        seed_base: int,
+        label: str,
+        settings: RolloutSettings | None = None,
+    ) -> list[Sample]:
+        settings = settings or self.settings
+        n = sum(len(g) for g in groups)
+        inline = None
+        if not self.rewards.deferred:
+            assert self.rewards.inline_fn is not None
+            inline = InlineRewards(
+                self.rewards.inline_fn,
+                self.rewards.args,
+                reward_key=self.rewards.reward_key,
+                concurrency=self.rewards.concurrency,
+            )
+        with self.clock.phase(label, total=n) as advance:
+
+            def done(group: list[Sample]) -> None:
+                advance(len(group))
+                if inline is not None:
+                    inline.submit(group)
+
+            await generate_groups(
+                self.engines, groups, self.tokenizer, settings, done, seed_base=seed_base
+            )
+        self._inline = inline
+        return [s for g in groups for s in g]
+
+    async def _score_after(self, samples: list[Sample]) -> None:
+        if self.rewards.deferred:
+            assert self.rewards.post_process is not None and self.rewards.batch_fn is not None
+            with self.clock.phase("reward", total=None):
+                ctx = PostProcessContext(
+                    self.rewards.args, self.phases, self.rewards.batch_fn, self.rewards.reward_key
+                )
+                await self.rewards.post_process(ctx, samples)
+        elif self._inline is not None:
+            with self.clock.phase("reward", total=None):
+                await self._inline.drain()
+
+    def train_on(self, batch: list[Sample]) -> dict[str, float]:
+        """Log-probs (old, reference), then one optimizer step per global batch."""
+        items = [
+            TrainItem(
+                tokens=s.tokens,
+                response_start=len(s.prompt_tokens),
+                advantage=s.advantage,
+                in_loss=s.in_loss,
+                rollout_logprobs=s.rollout_logprobs or None,
+            )
+            for s in batch
+            if s.response_length > 0
+        ]
+        if not items:
+            return {"skipped": 1.0}
+        old = self.backend.logprobs(items)
+        ref = None
+        if getattr(self.backend, "ref_model", None) is not None:
+            ref = self.backend.logprobs(items, reference=True)
+        size = self.cfg.train_batch_size
+        out: dict[str, float] = {}
+        steps = 0
+        for start in range(0, len(items), size):
+            sl = slice(start, start + size)
+            m = self.backend.train_step(
+                items[sl], old_logprobs=old[sl], ref_logprobs=ref[sl] if ref else None
+            )
+            steps += 1
+            for k, v in m.items():
+                out[k] = out.get(k, 0.0) + v
+        return {k: v / steps for k, v in out.items()} | {"optimizer_steps": float(steps)}
+
+    async def sync_weights(self, version: int) -> None:
+        """Send the policy's weights to every rollout engine; each must then serve ``version``."""
+        state = await asyncio.to_thread(self.backend.export_weights)
+        await asyncio.gather(*(e.sync_weights(state, version) for e in self.engines))
+        self.weight_version = version
+
+    def _check_staleness(self, batch: list[Sample], max_staleness: int) -> None:
+        for s in batch:
+            if s.weight_version is None:
+                continue
+            lag = self.weight_version - s.weight_version
+            if lag > max_staleness or lag < 0:
+                raise StaleWeightsError(
+                    f"sample g{s.group_id}/{s.index} was generated with weight version "
+                    f"{s.weight_version}, the policy is at {self.weight_version} "
+                    f"(allowed staleness {max_staleness} in mode {self.mode})"
+                )
+
+    async def evaluate(self, step: int) -> dict[str, Any]:
+        """Accuracy (pass@1 over n samples) and mean reward on the evaluation set."""
+        if self.eval_data is None:
+            return {}
+        cfg = self.cfg
+        records = self.eval_data.records[: cfg.eval_limit]
+        groups = [
+            make_group(r, gid, cfg.n_samples_per_eval_prompt) for gid, r in enumerate(records)
+        ]
+        settings = RolloutSettings(
+            n_samples_per_prompt=cfg.n_samples_per_eval_prompt,
+            max_response_len=cfg.eval_max_response_len or cfg.rollout_max_response_len,
+            temperature=cfg.eval_temperature
+            if cfg.eval_temperature is not None
+            else cfg.rollout_temperature,
+            top_p=cfg.rollout_top_p,
+            top_k=cfg.rollout_top_k,
+            stop=self.settings.stop,
+            apply_chat_template=cfg.apply_chat_template,
+            need_logprobs=False,
+            seed=cfg.seed,
+        )
+        if self.phases.current != "inference":
+            await self.phases.enter("inference")
+        samples = await self._generate(groups, seed_base=7_000_000, label="eval", settings=settings)
+        await self._score_after(samples)
+        if self.rewards.deferred:
+            await self.phases.enter("inference")
+        scored = [s for s in samples if s.reward is not None]
+        per_prompt: dict[int, list[float]] = {}
+        for s in scored:
+            a = _acc(s)
+            if a is not None:
+                per_prompt.setdefault(s.group_id, []).append(a)
+        pass1 = [statistics.fmean(v) for v in per_prompt.values()]
+        out = {
+            "eval/accuracy": statistics.fmean(pass1) if pass1 else None,
+            "eval/reward_mean": statistics.fmean([s.reward or 0.0 for s in scored])
+            if scored
+            else None,
+            "eval/judge_errors": sum(1 for s in samples if s.status == "judge_error"),
+            "eval/samples": len(samples),
+            "eval/response_len_mean": statistics.fmean(s.response_length for s in samples),
+        }
+        self.eval_history.append({"step": step, **out})
+        return out
+
+    # --- metrics, checkpoints --------------------------------------------------------------------
+
+    def _rollout_metrics(self, batch: list[Sample]) -> dict[str, Any]:
+        rewards = [s.reward for s in batch if s.reward is not None]
+        accs = [a for a in (_acc(s) for s in batch) if a is not None]
+        lens = [s.response_length for s in batch]
+        return {
+            "rollout/samples": len(batch),
+            "rollout/reward_mean": statistics.fmean(rewards) if rewards else None,
+            "rollout/reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            "rollout/acc_mean": statistics.fmean(accs) if accs else None,
+            "rollout/unparsed": sum(1 for s in batch if s.status == "unparsed"),
+            "rollout/response_len_mean": statistics.fmean(lens),
+            "rollout/truncated": sum(1 for s in batch if s.finish_reason == "length"),
+        }
+
+    def save(self, root: Path, step: int) -> Path:
+        path = root / f"step_{step:06d}"
+        self.backend.save(
+            path,
+            {
+                "rollout_step": step,
+                "cursor": self.cursor.state(),
+                "weight_version": self.weight_version,
+            },
+        )
+        (root / LATEST).write_text(path.name)
+        return path
+
+    async def load(self, root: Path) -> None:
+        path = root / (root / LATEST).read_text().strip() if (root / LATEST).is_file() else root
+        extra = await asyncio.to_thread(self.backend.load, path)
+        self.cursor.restore(extra["cursor"])
+        self.start_step = int(extra["rollout_step"])
+        await self.sync_weights(int(extra["weight_version"]))
+        logger.info("resumed from %s at step %d", path, self.start_step)
