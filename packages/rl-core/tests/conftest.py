@@ -34,4 +34,124 @@ def build_tiny_model(path, vocab_size=96, seed=0):
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny-model"), vocab_size=len(build_char_tokenizer())
+    )
+
+
+# --- a char-level tokenizer and a transformers *test engine* for the tiny model -------------------
+
+CHARS = list("0123456789+-=?: \nabcdefghijklmnopqrstuvwxyzQAW.,")
+
+
+def build_char_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3}
+    for ch in CHARS:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", 1)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer():
+    return build_char_tokenizer()
+
+
+def make_test_engine(model_path, engine_id="rollout-0"):
+    """A rollout *test engine*: plain transformers sampling token by token, behind the real
+    ``Engine`` interface (stand-in for genrm-serve's hf engine in unit tests)."""
+    from transformers import AutoModelForCausalLM
+
+    from genrm_serve.engines.base import Engine, EngineAsleepError, EngineOutput
+
+    class TorchTestEngine(Engine):
+        def __init__(self):
+            self.engine_id = engine_id
+            self.state = "created"
+            self.weight_version = 0
+            self.model = None
+            self._weights = None
+            self.calls = 0
+
+        async def start(self):
+            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            self.state = "awake"
+
+        async def generate(self, requests):
+            if self.state != "awake":
+                raise EngineAsleepError(f"{self.engine_id} is asleep")
+            self.calls += 1
+            outs = []
+            for req in requests:
+                sp = req.sampling
+                gen = torch.Generator().manual_seed(sp.seed or 0)
+                ids = list(req.prompt_token_ids)
+                toks, lps, finish = [], [], "length"
+                with torch.no_grad():
+                    for _ in range(sp.max_response_len):
+                        logits = self.model(torch.tensor([ids])).logits[0, -1].float()
+                        logp = torch.log_softmax(logits / max(sp.temperature or 1.0, 1e-5), -1)
+                        if not sp.temperature:
+                            t = int(torch.argmax(logp))
+                        else:
+                            t = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                        toks.append(t)
+                        lps.append(float(logp[t]))
+                        ids.append(t)
+                        if t == 2:
+                            finish = "stop"
+                            break
+                outs.append(
+                    EngineOutput(
+                        text="",
+                        finish_reason=finish,
+                        prompt_tokens=len(req.prompt_token_ids),
+                        completion_tokens=len(toks),
+                        token_ids=toks,
+                        logprobs=lps,
+                        weight_version=self.weight_version,
+                    )
+                )
+            return outs
+
+        async def sleep(self):
+            if self.state == "awake":
+                self._weights = {k: v.clone() for k, v in self.model.state_dict().items()}
+                self.model = None
+                self.state = "asleep"
+
+        async def wake(self):
+            if self.state == "asleep":
+                self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+                self.model.load_state_dict(self._weights)
+                self._weights = None
+                self.state = "awake"
+
+        async def update_weights(self, state_dict, version):
+            if version <= self.weight_version:
+                raise ValueError(f"weight version {version} ≤ {self.weight_version}")
+            if self.state != "awake":
+                raise EngineAsleepError("update_weights while asleep")
+            self.model.load_state_dict(state_dict)
+            self.weight_version = version
+
+    return TorchTestEngine()
+
+
+@pytest.fixture(scope="session")
+def test_engine_factory():
+    return make_test_engine

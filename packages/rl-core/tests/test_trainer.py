@@ -1,0 +1,311 @@
+"""The GRPO driver end to end, in one process: tiny model, test engine, scripted rewards.
+
+Checks what a user relies on: rewards reach the advantages, weights change and the rollout engine
+serves each new version, judge failures are masked (and too many stop the run), defer-swap puts
+the engines in the expected states, fully-async trains on at most 1-step-stale samples, and a
+resumed run takes the same next step as an uninterrupted one.
+"""
+
+import json
+
+import pytest
+import torch
+
+from rl_core.backends.base import BackendConfig
+from rl_core.backends.torch_hf import TorchHFBackend
+from rl_core.config import TrainConfig
+from rl_core.data import load_prompt_data, make_easy_math
+from rl_core.engines import LocalEngineHandle
+from rl_core.grpo.loss import LossConfig
+from rl_core.metrics import PhaseClock, read_metrics
+from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, default_phases
+from rl_core.rewards import JudgeFailureError, custom_post_process, defer_swap_post_process
+from rl_core.trainer import GRPOTrainer, RewardSetup
+
+
+class RecordingJudge:
+    def __init__(self, log):
+        self.log, self.state = log, "active"
+
+    async def sleep(self):
+        self.log.append("judge.sleep")
+        self.state = "asleep"
+
+    async def wake(self):
+        self.log.append("judge.wake")
+        self.state = "active"
+
+
+class ScriptedReward:
+    """A deterministic test reward: 1.0 when the response has a digit, else 0.0; every
+    ``fail_every``-th call is a judge error (score None)."""
+
+    def __init__(self, fail_every=0):
+        self.calls, self.fail_every = 0, fail_every
+
+    async def __call__(self, args, sample):
+        self.calls += 1
+        if self.fail_every and self.calls % self.fail_every == 0:
+            return {"score": None, "status": "judge_error", "error": "test judge down"}
+        score = 1.0 if any(c.isdigit() for c in sample.response) else 0.0
+        return {"score": score, "status": "ok", "gate": "miss", "acc": int(score)}
+
+
+def _cfg(tmp_path, data, **kw):
+    base = dict(
+        hf_checkpoint="unused",
+        prompt_data=str(data),
+        rm_type="math",
+        num_rollout=2,
+        rollout_batch_size=2,
+        n_samples_per_prompt=4,
+        rollout_max_response_len=6,
+        rollout_temperature=1.5,
+        lr=1e-3,
+        seed=7,
+        run_dir=str(tmp_path / "run"),
+        use_tis=True,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    with path.open("w") as f:
+        for r in make_easy_math(8, seed=1, shots=1):
+            f.write(
+                json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}) + "\n"
+            )
+    return path
+
+
+async def _trainer(
+    cfg,
+    model_path,
+    tokenizer,
+    make_test_engine,
+    *,
+    reward=None,
+    deferred=False,
+    judge_log=None,
+    mode="colocate-split",
+):
+    engine = make_test_engine(model_path)
+    await engine.start()
+    handle = LocalEngineHandle(engine)
+    backend = TorchHFBackend(
+        model_path,
+        BackendConfig(
+            lr=cfg.lr,
+            temperature=cfg.rollout_temperature,
+            seed=cfg.seed,
+            loss=LossConfig(use_tis=cfg.use_tis),
+        ),
+    )
+    judge = RecordingJudge(judge_log if judge_log is not None else [])
+    phases = PhaseMachine(
+        default_phases(mode, ["__default__"]),
+        {
+            "rollout": GroupSleeper([handle]),
+            "genrm:__default__": judge,
+            "actor": CallbackSleeper(backend.offload, backend.onload),
+        },
+    )
+    reward = reward or ScriptedReward()
+    if deferred:
+
+        async def batch_fn(args, samples):
+            judge_log.append(("scored", dict(phases.states), engine.state))
+            return [await reward(args, s) for s in samples]
+
+        setup = RewardSetup(
+            args=cfg,
+            reward_key="score",
+            inline_fn=None,
+            batch_fn=batch_fn,
+            post_process=defer_swap_post_process,
+        )
+    else:
+        setup = RewardSetup(args=cfg, reward_key="score", inline_fn=reward)
+    trainer = GRPOTrainer(
+        cfg,
+        backend=backend,
+        tokenizer=tokenizer,
+        rollout_engines=[handle],
+        phases=phases,
+        rewards=setup,
+        train_data=load_prompt_data(cfg.prompt_data),
+        mode=mode,
+        clock=PhaseClock(show=False),
+    )
+    return trainer, engine, backend
+
+
+async def test_two_steps_train_and_sync(
+    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    cfg = _cfg(tmp_path, data_file)
+    reward = ScriptedReward(fail_every=5)
+    trainer, engine, backend = await _trainer(
+        cfg, tiny_model_path, char_tokenizer, test_engine_factory, reward=reward
+    )
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    history = await trainer.run()
+
+    assert [h.step for h in history] == [1, 2]
+    assert engine.weight_version == 2 == trainer.weight_version
+    changed = [k for k, v in backend.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed, "no weight changed"
+    for k, v in engine.model.state_dict().items():  # the engine serves the trained weights
+        assert torch.equal(v, backend.model.state_dict()[k]), k
+    records = read_metrics(cfg.run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    assert sum(r["rollout/judge_errors"] for r in records) == (2 * 8) // 5
+    assert all(r["train/optimizer_steps"] == 1 for r in records)
+    assert all("time/rollout" in r and "time/train" in r for r in records)
+
+
+async def test_judge_errors_masked_and_out_of_the_baseline(
+    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    cfg = _cfg(tmp_path, data_file, num_rollout=1)
+    trainer, _, _ = await _trainer(
+        cfg,
+        tiny_model_path,
+        char_tokenizer,
+        test_engine_factory,
+        reward=ScriptedReward(fail_every=3),
+    )
+    batch, times = await trainer.generate_and_score(0)
+    await trainer.finish_step(0, batch, times)
+    failed = [s for s in batch if s.status == "judge_error"]
+    assert failed and all(not s.in_loss and s.advantage == 0.0 for s in failed)
+    for gid in {s.group_id for s in batch}:
+        ok = [s for s in batch if s.group_id == gid and s.reward is not None]
+        rewards = {s.reward for s in ok}
+        if len(rewards) > 1:  # rewards differ → every valid sample has a non-zero advantage
+            assert all(s.advantage != 0.0 for s in ok)
+            mean = sum(s.reward for s in ok) / len(ok)
+            assert all((s.advantage > 0) == (s.reward > mean) for s in ok)
+
+
+async def test_too_many_judge_errors_stop_the_run(
+    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    cfg = _cfg(tmp_path, data_file, num_rollout=1)
+    trainer, _, _ = await _trainer(
+        cfg,
+        tiny_model_path,
+        char_tokenizer,
+        test_engine_factory,
+        reward=ScriptedReward(fail_every=1),
+    )
+    with pytest.raises(JudgeFailureError, match="8 of 8 samples have no reward"):
+        await trainer.run()
+
+
+async def test_defer_swap_states(
+    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    cfg = _cfg(
+        tmp_path, data_file, num_rollout=1, rm_type="dummy", defer_reward_to_post_process=True
+    )
+    log: list = []
+    trainer, engine, _ = await _trainer(
+        cfg,
+        tiny_model_path,
+        char_tokenizer,
+        test_engine_factory,
+        deferred=True,
+        judge_log=log,
+        mode="colocate-defer-swap",
+    )
+    await trainer.run()
+    scored = [e for e in log if isinstance(e, tuple)]
+    assert scored == [
+        (
+            "scored",
+            {"rollout": "asleep", "genrm:__default__": "active", "actor": "asleep"},
+            "asleep",
+        )
+    ]
+    # judge asleep during rollout, woken for the batch, asleep again before training
+    names = [e for e in log if isinstance(e, str)]
+    assert names == ["judge.sleep", "judge.wake", "judge.sleep"]
+    transitions = [(p, w, a) for p, w, a in trainer.phases.log]
+    assert transitions.index(("reward", "rollout", "sleep")) < transitions.index(
+        ("reward", "genrm:__default__", "wake")
+    )
+    assert ("train", "actor", "wake") in transitions
+    assert engine.state == "awake" and engine.weight_version == 1
+
+
+async def test_custom_post_process_hook(
+    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    cfg = _cfg(
+        tmp_path, data_file, num_rollout=1, rm_type="dummy", defer_reward_to_post_process=True
+    )
+    seen = []
+
+    async def hook(args, samples):
+        seen.append(len(samples))
+        return [{"score": float(i % 2), "status": "ok"} for i in range(len(samples))]
+
+    trainer, _, _ = await _trainer(
+        cfg, tiny_model_path, char_tokenizer, test_engine_factory, deferred=True, judge_log=[]
+    )
+    trainer.rewards.post_process = custom_post_process(hook)
+    history = await trainer.run()
+    assert seen == [8] and history[0].metrics["rollout/reward_mean"] == 0.5
+
+
+async def test_fully_async_overlaps_with_staleness_one(
+    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    cfg = _cfg(tmp_path, data_file, num_rollout=3, fully_async=True)
+    trainer, engine, _ = await _trainer(
+        cfg, tiny_model_path, char_tokenizer, test_engine_factory, mode="fully-async"
+    )
+    versions = []
+    orig = trainer.finish_step
+
+    async def spy(step, batch, times, **kw):
+        versions.append((trainer.weight_version, {s.weight_version for s in batch}))
+        await orig(step, batch, times, **kw)
+
+    trainer.finish_step = spy
+    await trainer.run()
+    assert engine.weight_version == 3
+    # step k+1's rollout started before step k's weights existed: one version behind
+    assert versions[0] == (0, {0})
+    assert all(pv - max(sv) <= 1 for pv, sv in versions)
+    assert any(pv - min(sv) == 1 for pv, sv in versions[1:])
+
+
+async def test_resume_matches_uninterrupted(
+    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    straight_cfg = _cfg(tmp_path / "a", data_file, num_rollout=2)
+    straight, _, sb = await _trainer(
+        straight_cfg, tiny_model_path, char_tokenizer, test_engine_factory
+    )
+    await straight.run()
+
+    first_cfg = _cfg(tmp_path / "b", data_file, num_rollout=1, save=str(tmp_path / "ckpt"))
+    first, _, _ = await _trainer(first_cfg, tiny_model_path, char_tokenizer, test_engine_factory)
+    await first.run()
+    resumed_cfg = _cfg(tmp_path / "c", data_file, num_rollout=2, load=str(tmp_path / "ckpt"))
+    resumed, engine, rb = await _trainer(
+        resumed_cfg, tiny_model_path, char_tokenizer, test_engine_factory
+    )
+    history = await resumed.run()
+    assert [h.step for h in history] == [2] and engine.weight_version == 2
+    assert (
+        history[0].metrics["rollout/reward_mean"]
+        == straight.history[1].metrics["rollout/reward_mean"]
+    )
+    for k, v in sb.model.state_dict().items():
+        assert torch.allclose(v, rb.model.state_dict()[k], atol=1e-6), k
