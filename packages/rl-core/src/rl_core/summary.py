@@ -1,0 +1,109 @@
+"""The closing summary of a run: what happened in each phase of each step, and where the
+verdicts came from (the math-verify rule gate, the judge, the verdict cache, or a failure)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rl_core.trainer import StepRecord
+
+PHASES = ("rollout", "reward", "reward_wait", "train", "wake", "weight_sync", "eval", "save")
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def render_summary(
+    history: Sequence[StepRecord],
+    *,
+    mode: str,
+    startup: dict[str, float] | None = None,
+    total_s: float | None = None,
+    console: Console | None = None,
+) -> None:
+    """Print per-step phase times, reward statistics and verdict sources."""
+    console = console or Console()
+    if startup:
+        console.print(
+            "[bold]start-up[/]: " + ", ".join(f"{k} {v:.1f}s" for k, v in startup.items())
+        )
+    times = Table(title=f"phases per step (seconds) — mode {mode}")
+    times.add_column("step", justify="right")
+    present = [p for p in PHASES if any(p in h.phase_times for h in history)]
+    for p in present:
+        times.add_column(p, justify="right")
+    for h in history:
+        times.add_row(str(h.step), *(_fmt(h.phase_times.get(p), 1) for p in present))
+    console.print(times)
+
+    steps = Table(title="what each step learned from")
+    for col in (
+        "step",
+        "reward mean",
+        "reward std",
+        "acc",
+        "judge errors",
+        "unparsed",
+        "adv ≠ 0",
+        "kl",
+        "clipfrac",
+        "entropy",
+        "resp len",
+        "weights v",
+    ):
+        steps.add_column(col, justify="right")
+    for h in history:
+        m = h.metrics
+        steps.add_row(
+            str(h.step),
+            _fmt(m.get("rollout/reward_mean")),
+            _fmt(m.get("rollout/reward_std")),
+            _fmt(m.get("rollout/acc_mean")),
+            _fmt(m.get("rollout/judge_errors")),
+            _fmt(m.get("rollout/unparsed")),
+            f"{m.get('adv/nonzero', 0)}/{m.get('rollout/samples', 0)}",
+            _fmt(m.get("train/kl"), 4),
+            _fmt(m.get("train/clipfrac")),
+            _fmt(m.get("train/entropy")),
+            _fmt(m.get("rollout/response_len_mean"), 1),
+            _fmt(m.get("weights/version")),
+        )
+    console.print(steps)
+
+    total: Counter[str] = Counter()
+    for h in history:
+        total.update(h.verdicts)
+    labels = {
+        "gate": "rule gate (math-verify proved the answer equal; no judge call)",
+        "judge": "judge (GenRM verdict)",
+        "judge_cache": "judge, reused from the verdict cache",
+        "judge_unparsed": "judge answered without a clean verdict (0, counted)",
+        "judge_error": "judge failed (masked out of loss and group stats)",
+        "rule": "rule-based reward (no judge)",
+    }
+    verdicts = Table(title="where the training rewards came from")
+    verdicts.add_column("source")
+    verdicts.add_column("samples", justify="right")
+    for key, n in total.most_common():
+        verdicts.add_row(labels.get(key, key), str(n))
+    console.print(verdicts)
+
+    evals = [(h.step, h.metrics) for h in history if h.metrics.get("eval/samples")]
+    for step, m in evals:
+        console.print(
+            f"[bold]eval after step {step}[/]: accuracy (pass@1) {_fmt(m.get('eval/accuracy'))}, "
+            f"mean reward {_fmt(m.get('eval/reward_mean'))}, judge errors "
+            f"{m.get('eval/judge_errors')}, {m.get('eval/samples')} samples"
+        )
+    if total_s is not None:
+        console.print(f"[bold]wall time[/]: {total_s:.1f}s")
