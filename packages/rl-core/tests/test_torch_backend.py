@@ -162,3 +162,14 @@ def test_offload_blocks_use_until_onload(tiny_model_path):
         backend.logprobs(_items())
     backend.onload()
     assert len(backend.logprobs(_items())) == 3
+
+
+def test_on_policy_step_without_old_logprobs_is_the_same_update(tiny_model_path):
+    """old_logprobs=None (one step per rollout) equals passing the current policy's log-probs."""
+    items = _items()
+    cfg = BackendConfig(lr=1e-2, loss=LossConfig(use_tis=False))
+    a, _ = _train(tiny_model_path, cfg, items)
+    b = TorchHFBackend(tiny_model_path, cfg)
+    b.train_step(items, old_logprobs=None)
+    for k, v in a.model.state_dict().items():
+        assert torch.allclose(v, b.model.state_dict()[k], atol=1e-6), k

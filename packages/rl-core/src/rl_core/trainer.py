@@ -308,17 +308,21 @@ class GRPOTrainer:
         ]
         if not items:
             return {"skipped": 1.0}
-        old = self.backend.logprobs(items)
+        size = self.cfg.train_batch_size
+        # One optimizer step per rollout: the policy that sampled is the one being updated, so
+        # the old log-probs come from the training forward itself (one pass instead of two).
+        old = self.backend.logprobs(items) if len(items) > size else None
         ref = None
         if getattr(self.backend, "ref_model", None) is not None:
             ref = self.backend.logprobs(items, reference=True)
-        size = self.cfg.train_batch_size
         out: dict[str, float] = {}
         steps = 0
         for start in range(0, len(items), size):
             sl = slice(start, start + size)
             m = self.backend.train_step(
-                items[sl], old_logprobs=old[sl], ref_logprobs=ref[sl] if ref else None
+                items[sl],
+                old_logprobs=old[sl] if old is not None else None,
+                ref_logprobs=ref[sl] if ref else None,
             )
             steps += 1
             for k, v in m.items():

@@ -93,10 +93,15 @@ class TrainingBackend(ABC):
         self,
         items: list[TrainItem],
         *,
-        old_logprobs: list[torch.Tensor],
+        old_logprobs: list[torch.Tensor] | None,
         ref_logprobs: list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
-        """One optimizer step on a global batch; returns metrics (loss, kl, clipfrac, ...)."""
+        """One optimizer step on a global batch; returns metrics (loss, kl, clipfrac, ...).
+
+        ``old_logprobs`` None means the batch is on-policy for this very step (one optimizer
+        step per rollout): the old log-probs are the current ones, detached, which saves a
+        forward pass over the batch.
+        """
 
     @abstractmethod
     def export_weights(self) -> dict[str, torch.Tensor]:

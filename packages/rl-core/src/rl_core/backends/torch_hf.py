@@ -188,7 +188,7 @@ class TorchHFBackend(TrainingBackend):
         self,
         items: list[TrainItem],
         *,
-        old_logprobs: list[torch.Tensor],
+        old_logprobs: list[torch.Tensor] | None,
         ref_logprobs: list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
         self._check_loaded()
@@ -213,7 +213,10 @@ class TorchHFBackend(TrainingBackend):
                 mask = torch.cat(
                     [torch.full((it.response_len,), float(it.in_loss)) for it in batch]
                 )
-                old = torch.cat([old_logprobs[i] for i in mb]).to(logp.device)
+                if old_logprobs is None:  # on-policy single step: old = current, no extra pass
+                    old = logp.detach()
+                else:
+                    old = torch.cat([old_logprobs[i] for i in mb]).to(logp.device)
                 ref = (
                     torch.cat([ref_logprobs[i] for i in mb]).to(logp.device)
                     if ref_logprobs is not None
