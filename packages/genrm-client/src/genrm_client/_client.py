@@ -29,6 +29,7 @@ import httpx
 from pydantic import ValidationError
 
 from genrm_client import _retry
+from genrm_client._compat import mark_absent_sniffio
 from genrm_client._constants import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -57,6 +58,8 @@ from genrm_client.types import (
     Message,
     SamplingParams,
 )
+
+mark_absent_sniffio()
 
 __all__ = [
     "NOT_GIVEN",
