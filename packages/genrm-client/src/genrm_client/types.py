@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "DEFAULT_ROUTE_KEY",
+    "ERROR_TYPE_STATUS",
     "ErrorBody",
     "ErrorDetail",
     "FinishReason",
@@ -28,6 +29,21 @@ __all__ = [
 
 #: The route_key of the legacy single judge (``--genrm-model-path``) and of requests without one.
 DEFAULT_ROUTE_KEY = "__default__"
+
+#: ``ErrorDetail.type`` values the client understands, with the HTTP status the service answers
+#: them with (a per-item error inside ``generate_batch`` carries no status of its own; the client
+#: takes it from here). ``unknown_route_key`` → ``UnknownRouteKeyError``, ``overloaded`` →
+#: ``GenRMOverloadedError``, ``timeout`` → ``GenRMTimeoutError``; any other type (or one not listed)
+#: → ``GenRMHTTPError`` with this status (500 when not listed).
+ERROR_TYPE_STATUS: dict[str, int] = {
+    "invalid_request": 422,
+    "unknown_route_key": 404,
+    "overloaded": 503,
+    "unhealthy": 503,
+    "timeout": 504,
+    "engine_error": 500,
+    "internal": 500,
+}
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
