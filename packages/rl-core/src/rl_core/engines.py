@@ -85,7 +85,7 @@ class LocalEngineHandle(EngineHandle):
 
 
 class RayEngineHandle(EngineHandle):
-    """An engine running in a Ray actor that exposes the engine's methods (async actor)."""
+    """An engine in a genrm-serve ``EngineWorker`` Ray actor (``create_engine_worker``)."""
 
     def __init__(self, actor: Any, name: str) -> None:
         self.actor = actor
@@ -96,7 +96,8 @@ class RayEngineHandle(EngineHandle):
         return await asyncio.wait_for(ref, ENGINE_CALL_TIMEOUT_S)
 
     async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
-        result: list[EngineOutput] = await self._call("generate", requests)
+        # genrm-serve's EngineWorker micro-batches what it receives; a group goes in one call.
+        result: list[EngineOutput] = await self._call("generate_many", requests)
         return result
 
     async def sleep(self) -> None:
