@@ -118,7 +118,7 @@ async def defer_swap_post_process(ctx: PostProcessContext, samples: list[Sample]
             await ctx.phases.set_state(who, "asleep", reason="reward-done")
 
 
-def custom_post_process(fn: Callable[[Any, list[Sample]], Awaitable[Any]]) -> PostProcessHook:
+def custom_post_process(fn: Callable[..., Awaitable[Any]]) -> PostProcessHook:
     """Wrap a user hook ``async def hook(args, samples) -> list[dict] | None``."""
 
     async def hook(ctx: PostProcessContext, samples: list[Sample]) -> None:
