@@ -4,6 +4,8 @@ import os
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Under `uv run`, Ray would re-create the environment per worker from the working directory.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 import pytest
 import torch

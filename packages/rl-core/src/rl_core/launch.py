@@ -40,6 +40,15 @@ from rl_core.trainer import GRPOTrainer, RewardSetup
 
 logger = logging.getLogger(__name__)
 
+#: Set before Ray starts (unless the user set them): no token auth or usage stats on a local
+#: cluster, and no per-worker re-creation of the environment when the driver runs under `uv run`
+#: (Ray would package the working directory and start every worker through uv, ≈60 s each).
+RAY_ENV = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+}
+
 #: Seeds of the demo's generated data sets (train and held-out evaluation differ).
 EASY_MATH_TRAIN = (256, 11)
 EASY_MATH_EVAL = (64, 977)
@@ -205,6 +214,8 @@ async def _start_rollout_engines(cfg: TrainConfig, policy_path: str) -> list[Eng
 
 async def run_training(cfg: TrainConfig, ns: Any, console: Console | None = None) -> int:
     """Run the whole job from a config; returns the exit status."""
+    for key, value in RAY_ENV.items():
+        os.environ.setdefault(key, value)
     import ray
 
     console = console or Console(stderr=True)
