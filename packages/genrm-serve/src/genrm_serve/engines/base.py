@@ -45,6 +45,11 @@ class PromptTooLongError(EngineError):
         self.prompt_tokens = prompt_tokens
         self.max_context_len = max_context_len
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Ray pickles an actor's exception to its caller; the default reduce would call
+        # ``__init__(message)`` and fail, turning a 413 into an opaque error.
+        return (type(self), (self.prompt_tokens, self.max_context_len))
+
 
 @dataclass
 class EngineRequest:
