@@ -13,8 +13,15 @@ a chat template in the style of recent instruction models, including ``enable_th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-__all__ = ["TINY_CHAT_TEMPLATE", "TINY_SPECIAL_TOKENS", "build_tiny_model", "build_tiny_tokenizer"]
+__all__ = [
+    "TINY_CHAT_TEMPLATE",
+    "TINY_SPECIAL_TOKENS",
+    "FakeSGLangEngine",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+]
 
 #: Special tokens of the tiny tokenizer, in id order (ids 0..4).
 TINY_SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>")
@@ -115,3 +122,127 @@ def build_tiny_model(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
     return out
+
+
+class FakeSGLangEngine:
+    """A *fake* of ``sglang.Engine`` (SGLang needs a GPU): same constructor and methods.
+
+    It answers deterministic tokens derived from the prompt, and enforces what the real engine
+    requires of its caller: no generate or weight update while the weights are released, known
+    server arguments only. ``calls`` records every method called, in order, so tests can check
+    the lifecycle (e.g. flush before release). Inject it with
+    ``SGLangEngine(spec, id, engine_cls=FakeSGLangEngine)``.
+    """
+
+    #: Server arguments the fake accepts (those ``sglang_engine_kwargs`` may produce).
+    KNOWN_ARGS = frozenset(
+        {
+            "model_path",
+            "tp_size",
+            "pp_size",
+            "dp_size",
+            "ep_size",
+            "context_length",
+            "enable_memory_saver",
+            "enable_dp_attention",
+            "mem_fraction_static",
+            "dtype",
+            "random_seed",
+            "log_level",
+        }
+    )
+
+    def __init__(self, **server_args: object) -> None:
+        unknown = sorted(set(server_args) - self.KNOWN_ARGS)
+        if unknown:
+            raise TypeError(f"FakeSGLangEngine: unknown server argument(s) {unknown}")
+        if "model_path" not in server_args:
+            raise TypeError("FakeSGLangEngine: model_path is required")
+        from transformers import AutoTokenizer
+
+        self.server_args = dict(server_args)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(server_args["model_path"]))
+        self.released: set[str] = set()
+        self.calls: list[str] = ["__init__"]
+        self.weight_names: list[str] = []
+
+    def _fake_tokens(self, ids: list[int], n: int) -> list[int]:
+        vocab = len(self.tokenizer)
+        return [(sum(ids) * 31 + 7 * i) % (vocab - 10) + 10 for i in range(n)]
+
+    def generate(
+        self,
+        prompt: object = None,
+        sampling_params: object = None,
+        input_ids: list[list[int]] | list[int] | None = None,
+        return_logprob: bool = False,
+        **_: object,
+    ) -> object:
+        self.calls.append("generate")
+        if "weights" in self.released or "kv_cache" in self.released:
+            raise RuntimeError("FakeSGLangEngine: generate while memory is released")
+        if input_ids is None:
+            raise TypeError("FakeSGLangEngine: only input_ids prompts are faked")
+        rows: Any = input_ids
+        single = bool(rows) and isinstance(rows[0], int)
+        batch: list[list[int]] = [rows] if single else rows
+        params: Any = (
+            sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(batch)
+        )
+        outs = []
+        for ids, p in zip(batch, params, strict=True):
+            max_new = int((p or {}).get("max_new_tokens", 128))
+            n = min(max_new, 4)
+            toks = self._fake_tokens(ids, n)
+            meta: dict[str, object] = {
+                "prompt_tokens": len(ids),
+                "completion_tokens": n,
+                "finish_reason": {"type": "length"} if n == max_new else {"type": "stop"},
+            }
+            if return_logprob:
+                meta["output_token_logprobs"] = [
+                    (-0.25 * (i + 1), t, None) for i, t in enumerate(toks)
+                ]
+            outs.append(
+                {
+                    "text": self.tokenizer.decode(toks, skip_special_tokens=True),
+                    "output_ids": toks,
+                    "meta_info": meta,
+                }
+            )
+        return outs[0] if single else outs
+
+    def flush_cache(self) -> bool:
+        self.calls.append("flush_cache")
+        return True
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.calls.append("release_memory_occupation")
+        self.released |= set(tags or ["weights", "kv_cache"])
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.calls.append("resume_memory_occupation")
+        self.released -= set(tags or ["weights", "kv_cache"])
+
+    def update_weights_from_tensor(
+        self,
+        named_tensors: list[tuple[str, object]],
+        load_format: str | None = None,
+        flush_cache: bool = True,
+    ) -> tuple[bool, str]:
+        self.calls.append("update_weights_from_tensor")
+        if "weights" in self.released:
+            raise RuntimeError("FakeSGLangEngine: weight update while weights are released")
+        self.weight_names = [name for name, _ in named_tensors]
+        return True, "Succeeded to update parameter online."
+
+    def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None
+    ) -> tuple[bool, str]:
+        self.calls.append("update_weights_from_disk")
+        if "weights" in self.released:
+            raise RuntimeError("FakeSGLangEngine: weight update while weights are released")
+        return True, "Succeeded to update model weights."
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import logging
 import shutil
 import tempfile
@@ -44,8 +45,8 @@ from genrm_serve.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequest,
-    PromptTooLongError,
 )
+from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
 
 __all__ = ["FALLBACK_CHAT_TEMPLATE", "MAX_BATCH_TOKENS", "HFEngine", "sample_next"]
 
@@ -55,18 +56,6 @@ logger = logging.getLogger(__name__)
 MAX_BATCH_TOKENS = 65536
 #: A shared prefix shorter than this is not worth a separate prefill.
 MIN_SHARED_PREFIX = 32
-
-#: For models without a chat template (base models such as the embedded Gemma 3 270M): plain
-#: "System/User/Assistant" turns separated by blank lines, ending with "Assistant:" to prompt.
-FALLBACK_CHAT_TEMPLATE = (
-    "{{ bos_token if bos_token else '' }}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
-    "{% elif m['role'] == 'user' %}User: {{ m['content'] }}\n\n"
-    "{% else %}Assistant: {{ m['content'] }}\n\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}"
-)
 
 
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -147,7 +136,7 @@ class HFEngine(Engine):
     def __init__(self, spec: InstanceSpec, engine_id: str) -> None:
         super().__init__(spec, engine_id)
         self.model: Any = None
-        self.tokenizer: Any = None
+        self.prompts: PromptEncoder | None = None
         self.model_dir: Path | None = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
@@ -156,6 +145,7 @@ class HFEngine(Engine):
         self._eos_ids: frozenset[int] = frozenset()
         self._generator = torch.Generator(device="cpu")
         self._generator.seed()
+        self._cache_kw = "cache"
         self._lock = threading.Lock()  # one forward at a time; sleep/update wait for it
         self.counters = {"batches": 0, "prefix_shared_tokens": 0, "forward_tokens": 0}
 
@@ -174,12 +164,10 @@ class HFEngine(Engine):
         cfg = self.spec.engine_config
         self.device = _resolve_device(cfg.device)
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
-        tok = AutoTokenizer.from_pretrained(self.model_dir)
-        if not getattr(tok, "chat_template", None):
-            tok.chat_template = FALLBACK_CHAT_TEMPLATE
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-        self.tokenizer = tok
+        self.prompts = PromptEncoder(
+            AutoTokenizer.from_pretrained(self.model_dir), cfg.max_context_len
+        )
+        tok = self.prompts.tokenizer
         self.model = self._load_model(self.model_dir)
         eos: set[int] = set()
         for source in (self.model.generation_config.eos_token_id, tok.eos_token_id):
@@ -201,29 +189,27 @@ class HFEngine(Engine):
         from transformers import AutoModelForCausalLM
 
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        # transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns).
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         return model.to(self.device).eval()
 
     # -- prompts -----------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        if self.prompts is None:
+            raise EngineError(f"engine {self.engine_id} is not started")
+        return self.prompts.tokenizer
+
     def encode(self, request: EngineRequest) -> list[int]:
         """The prompt's token ids (chat template with ``chat_template_kwargs`` applied)."""
-        if request.prompt_token_ids is not None:
-            return list(request.prompt_token_ids)
-        if not request.messages:
-            raise EngineError("request has neither messages nor prompt_token_ids")
-        text = self.render(request)
-        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids
+        assert self.prompts is not None
+        return self.prompts.encode(request)
 
     def render(self, request: EngineRequest) -> str:
         """The prompt text of a chat request."""
-        kwargs = request.sampling.chat_template_kwargs or {}
-        text = self.tokenizer.apply_chat_template(
-            [m.model_dump() for m in request.messages or []],
-            tokenize=False,
-            add_generation_prompt=True,
-            **kwargs,
-        )
-        return str(text)
+        assert self.prompts is not None
+        return self.prompts.render(request)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def sleep(self) -> None:
@@ -316,22 +302,17 @@ class HFEngine(Engine):
         return await asyncio.to_thread(self._generate, requests)
 
     def _make_row(self, request: EngineRequest) -> _Row:
-        prompt = self.encode(request)
-        max_ctx = self.spec.engine_config.max_context_len
-        if len(prompt) > max_ctx:
-            raise PromptTooLongError(len(prompt), max_ctx)
-        if not prompt:
-            raise EngineError("empty prompt")
-        sampling = request.sampling
-        limit = sampling.max_response_len or self.spec.sampling_config.max_response_len or 1
+        assert self.prompts is not None
+        prompt = self.prompts.checked(request)
+        default = self.spec.sampling_config.max_response_len or 1
         generator = None
-        if sampling.seed is not None:
+        if request.sampling.seed is not None:
             generator = torch.Generator(device="cpu")
-            generator.manual_seed(sampling.seed)
+            generator.manual_seed(request.sampling.seed)
         return _Row(
             request=request,
             prompt=prompt,
-            max_new=max(0, min(limit, max_ctx - len(prompt))),
+            max_new=self.prompts.max_new_tokens(request, len(prompt), default),
             generator=generator,
             stop_ids=self._eos_ids,
         )
@@ -382,7 +363,9 @@ class HFEngine(Engine):
             shared = 0
         if shared:
             prefix = torch.tensor([rows[0].prompt[:shared]], device=self.device)
-            self.model(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
+            self.model(
+                input_ids=prefix, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}
+            )
             cache.batch_repeat_interleave(n)
             self.counters["prefix_shared_tokens"] += shared * (n - 1)
         suffixes = [r.prompt[shared:] for r in rows]
@@ -400,9 +383,9 @@ class HFEngine(Engine):
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            cache=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_kw: cache},
         )
         last_pos = positions[:, -1]
         active = [r.max_new > 0 for r in rows]
@@ -434,9 +417,9 @@ class HFEngine(Engine):
                 input_ids=torch.tensor(next_ids, device=self.device).unsqueeze(1),
                 attention_mask=mask,
                 position_ids=last_pos.unsqueeze(1),
-                cache=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **{self._cache_kw: cache},
             )
         for row in rows:
             if row.finish is None:
