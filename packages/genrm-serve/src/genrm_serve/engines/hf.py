@@ -27,6 +27,7 @@ import asyncio
 import gc
 import inspect
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -164,6 +165,13 @@ class HFEngine(Engine):
         cfg = self.spec.engine_config
         self.device = _resolve_device(cfg.device)
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
+        if self.device.type == "cpu":
+            # Ray sets OMP_NUM_THREADS=1 in an actor with fractional CPUs, which would halve a
+            # CPU engine on the 2-core machines; use the cores this process may run on instead.
+            threads = int(os.environ.get("GENRM_HF_NUM_THREADS", "0")) or len(
+                os.sched_getaffinity(0)
+            )
+            torch.set_num_threads(threads)
         self.prompts = PromptEncoder(
             AutoTokenizer.from_pretrained(self.model_dir), cfg.max_context_len
         )
@@ -291,6 +299,7 @@ class HFEngine(Engine):
             **self.counters,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "torch_threads": torch.get_num_threads(),
         }
 
     # -- generation --------------------------------------------------------------------------
