@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from rl_core.backends.base import BackendConfig
-from rl_core.config import EMBEDDED_MODEL, GENERATED_DATA, TrainConfig
+from rl_core.config import GENERATED_DATA, TrainConfig
 from rl_core.data import PromptDataset, load_prompt_data, make_easy_math
 from rl_core.engines import EngineHandle, RayEngineHandle
 from rl_core.grpo.loss import LossConfig
@@ -55,12 +55,11 @@ EASY_MATH_EVAL = (64, 977)
 
 
 def resolve_model(path: str) -> str:
-    """A model path, with :data:`EMBEDDED_MODEL` turned into genrm-serve's cached copy."""
-    if path != EMBEDDED_MODEL:
-        return path
-    from genrm_serve.embedded import ensure_embedded_model
+    """A local model folder: ``embedded[:name]`` becomes genrm-serve's cached safetensors copy
+    of the embedded model (converted from GGUF once), anything else must be a model folder."""
+    from genrm_serve.models import resolve_model_path
 
-    return str(ensure_embedded_model())
+    return str(resolve_model_path(path))
 
 
 def load_data(spec: str, cfg: TrainConfig, run_dir: Path, *, eval_set: bool) -> PromptDataset:
