@@ -252,10 +252,7 @@ async def run_training(cfg: TrainConfig, ns: Any, console: Console | None = None
             from genrm_serve.app import build_app, deploy, wait_until_healthy
             from genrm_serve.serve_args import ServeArgs
 
-            instances = {
-                k: spec.model_copy(update={"model_path": resolve_model(spec.model_path)})
-                for k, spec in cfg.genrm_instances.items()
-            }
+            instances = dict(cfg.genrm_instances)  # engines resolve their model paths
             sargs = ServeArgs(port=_free_port(), engine_num_cpus=0.5)
             deploy(build_app(instances, args=sargs), sargs)
             stack.callback(serve.shutdown)
