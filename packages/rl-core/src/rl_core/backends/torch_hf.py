@@ -269,9 +269,11 @@ class TorchHFBackend(TrainingBackend):
     # --- weights, memory, checkpoints -----------------------------------------------------------
 
     def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        # named_parameters lists a tied weight once (Gemma's lm_head is the embedding), which is
+        # what an engine's load expects; a state_dict would name it twice.
         return {
             k: (v.detach().to(dtype) if dtype is not None else v.detach()).cpu().clone()
-            for k, v in self.model.state_dict().items()
+            for k, v in self.model.named_parameters()
         }
 
     def _move(self, device: torch.device) -> None:
