@@ -148,7 +148,13 @@ def make_test_engine(model_path, engine_id="rollout-0"):
                 raise ValueError(f"weight version {version} ≤ {self.weight_version}")
             if self.state != "awake":
                 raise EngineAsleepError("update_weights while asleep")
-            self.model.load_state_dict(state_dict)
+            own = dict(self.model.named_parameters())
+            unknown = set(state_dict) - set(own)
+            if unknown:
+                raise ValueError(f"unknown parameters {sorted(unknown)}")
+            with torch.no_grad():
+                for k, v in state_dict.items():
+                    own[k].copy_(v)
             self.weight_version = version
 
     return TorchTestEngine()
