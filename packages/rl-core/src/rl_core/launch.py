@@ -233,7 +233,8 @@ async def run_training(cfg: TrainConfig, ns: Any, console: Console | None = None
         t0 = time.perf_counter()
         if not ray.is_initialized():
             address = os.environ.get("RAY_ADDRESS") or "local"
-            kwargs: dict[str, Any] = {"include_dashboard": False}
+            # Engine and Serve logs stay in Ray's session logs; the driver shows the phases.
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if address == "local":
                 kwargs["num_cpus"] = max(2, os.cpu_count() or 2)
             ray.init(address=address, **kwargs)

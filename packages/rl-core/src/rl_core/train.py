@@ -16,7 +16,8 @@ ACCEPTS_UNKNOWN_FLAGS = True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("rl_core").setLevel(logging.INFO)
     try:
         cfg, ns = parse_train_args(argv)
     except ConfigError as err:
