@@ -193,8 +193,10 @@ def test_two_judge_instances_at_their_prefix_offsets() -> None:
 def test_shared_mode_with_two_instances_checks_each_sum() -> None:
     argv = [
         "--genrm-instances",
-        '{"a": {"model_path": "/a", "num_gpus": 4, "engine_config": {"mem_fraction_static": 0.3}},'
-        ' "b": {"model_path": "/b", "num_gpus": 4, "engine_config": {"mem_fraction_static": 0.35}}}',
+        '{"a": {"model_path": "/a", "num_gpus": 4,'
+        ' "engine_config": {"mem_fraction_static": 0.3}},'
+        ' "b": {"model_path": "/b", "num_gpus": 4,'
+        ' "engine_config": {"mem_fraction_static": 0.35}}}',
         "--sglang-mem-fraction-static", "0.6",
         "--resource", '{"actor": [1, 8], "rollout": [1, 8], "genrm": [1, 8]}', "--colocate",
     ]  # fmt: skip
@@ -318,7 +320,8 @@ INVALID: list[tuple[str, list[str], list[str]]] = [
         "judge-engine-larger-than-node",
         [*replace(DEFER_16, "--resource", '{"actor": [2, 8], "rollout": [2, 8], "genrm": [2, 8]}'),
          "--genrm-engine", "hf"],
-        ["needs 16 GPUs, more than a node (--num-gpus-per-node 8)", "engine=hf runs in one process"],
+        ["needs 16 GPUs, more than a node (--num-gpus-per-node 8)",
+         "engine=hf runs in one process"],
     ),
     (
         "spanning-engine-whole-nodes",
