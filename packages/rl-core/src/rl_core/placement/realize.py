@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from genrm_serve.config import InstanceSpec
@@ -112,7 +117,7 @@ class RealizedPlacement:
         self._removed = True
 
 
-@ray.remote
+@ray.remote(max_calls=0)  # reuse the process: Ray's default for GPU tasks is one per call
 def _probe_bundle() -> tuple[str, str, list[str]]:
     ctx = ray.get_runtime_context()
     ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
@@ -160,29 +165,41 @@ def _wait_ready(
 def _locate(
     pg: PlacementGroup, group: GroupPlan, use_gpus: bool, timeout_s: float
 ) -> tuple[BundleSlot, ...]:
-    refs = [
-        _probe_bundle.options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=i
-            ),
-            num_gpus=_PROBE_SHARE if use_gpus else 0,
-            num_cpus=_PROBE_SHARE,
-        ).remote()
-        for i in range(group.num_bundles)
-    ]
-    try:
-        found = ray.get(refs, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError as err:
-        raise PlacementUnavailableError(
-            f'placement group "{group.name}": probing its bundles took more than {timeout_s:.0f} s'
-        ) from err
+    # Probe in rounds, one bundle per node per round: each node then needs one (reused) worker
+    # process instead of one per bundle, which matters on small machines and big groups alike.
+    table = placement_group_table(pg)
+    by_node: dict[str, list[int]] = {}
+    for index, node in sorted(table["bundles_to_node_id"].items()):
+        by_node.setdefault(node, []).append(int(index))
+    found: dict[int, tuple[str, str, list[str]]] = {}
+    deadline = time.monotonic() + timeout_s
+    for round_ in range(max(len(v) for v in by_node.values())):
+        batch = [v[round_] for v in by_node.values() if round_ < len(v)]
+        refs = [
+            _probe_bundle.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i
+                ),
+                num_gpus=_PROBE_SHARE if use_gpus else 0,
+                num_cpus=_PROBE_SHARE,
+            ).remote()
+            for i in batch
+        ]
+        try:
+            results = ray.get(refs, timeout=max(1.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError as err:
+            raise PlacementUnavailableError(
+                f'placement group "{group.name}": probing its bundles took more than '
+                f"{timeout_s:.0f} s"
+            ) from err
+        found.update(zip(batch, results, strict=True))
 
     def key(item: tuple[int, tuple[str, str, list[str]]]) -> tuple[str, str, int, str, int]:
         i, (node_id, ip, gpus) = item
         gpu = gpus[0] if gpus else ""
         return (ip, node_id, int(gpu) if gpu.isdigit() else -1, gpu, i)
 
-    ordered = sorted(enumerate(found), key=key)
+    ordered = sorted(found.items(), key=key)
     slots = []
     for logical, (bundle_index, (node_id, ip, gpus)) in enumerate(ordered):
         if use_gpus and len(gpus) != 1:
