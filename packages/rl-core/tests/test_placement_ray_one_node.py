@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,6 +82,14 @@ def realized(request: pytest.FixtureRequest, cluster: None) -> Iterator[list[Any
             thing.remove()
         else:
             ray.kill(thing)
+    wait_all_gpus_free(8)
+
+
+def wait_all_gpus_free(total: int) -> None:
+    """Removal is asynchronous: let the next test start from an empty cluster (PACK is greedy)."""
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("GPU", 0) < total and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def engine_actors(r: RealizedPlacement, role: str, instance: str | None = None) -> list[Any]:
@@ -166,7 +175,7 @@ def test_fully_async_groups_never_share_a_gpu(realized: list[Any]) -> None:
 
 
 def test_waiting_logs_and_gives_up_with_the_arithmetic(
-    cluster: None, caplog: pytest.LogCaptureFixture
+    realized: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     p = plan(
         "--resource", '{"actor": [2, 8], "rollout": [2, 8]}', "--colocate",
@@ -177,5 +186,4 @@ def test_waiting_logs_and_gives_up_with_the_arithmetic(
     assert "needs 16 GPUs in total; the cluster has 8 GPUs" in str(info.value)
     assert any("waiting" in m and "needs 16 GPUs" in m for m in caplog.messages)
     # what it created was removed: the whole cluster is free again
-    r = create_placement_groups(plan(*SPLIT_8), timeout_s=30)
-    r.remove()
+    realized.append(create_placement_groups(plan(*SPLIT_8), timeout_s=30))
