@@ -187,3 +187,20 @@ def test_waiting_logs_and_gives_up_with_the_arithmetic(
     assert any("waiting" in m and "needs 16 GPUs" in m for m in caplog.messages)
     # what it created was removed: the whole cluster is free again
     realized.append(create_placement_groups(plan(*SPLIT_8), timeout_s=30))
+
+
+def test_cpu_only_realisation_for_machines_without_gpus(realized: list[Any]) -> None:
+    """``use_gpus=False``: {CPU: 1} bundles and GPU-free actors (the CPU demo's layout)."""
+    p = plan(
+        "--genrm-model-path", "/m/judge", "--genrm-engine", "hf",
+        "--resource", '{"actor": [1, 2], "rollout": [1, 1], "genrm": [1, 1]}', "--colocate",
+    )  # fmt: skip
+    r = create_placement_groups(p, timeout_s=60, use_gpus=False)
+    realized.append(r)
+    assert all(s.gpu_ids == () for s in r.slots["colocate"])
+    opts = r.worker_options("actor", 1)
+    assert opts["num_gpus"] == 0 and opts["num_cpus"] == 0.4
+    judge = engine_actors(r, "genrm", "__default__")
+    realized.extend(judge)
+    node, gpus, _ = where(judge)[0]
+    assert gpus == [] and node == r.slot("colocate", 1).node_id
