@@ -204,3 +204,36 @@ def test_cpu_only_realisation_for_machines_without_gpus(realized: list[Any]) -> 
     realized.extend(judge)
     node, gpus, _ = where(judge)[0]
     assert gpus == [] and node == r.slot("colocate", 1).node_id
+
+
+def test_judge_engines_created_through_genrm_serve_in_their_bundles(realized: list[Any]) -> None:
+    """Two judge instances (split): genrm-serve's EngineWorker actors land on the plan's GPUs."""
+    pytest.importorskip("genrm_serve.engines.worker")  # until the engines branch is merged
+    from rl_core.placement import layout_request_from_args, plan_layout
+    from rl_core.placement.realize import create_judge_engines
+
+    parser = argparse.ArgumentParser()
+    add_placement_args(parser)
+    args = parser.parse_args(
+        [
+            "--genrm-instances",
+            '{"quality": {"model_path": "scripted", "num_gpus": 2, "num_gpus_per_engine": 2},'
+            ' "safety": {"model_path": "scripted", "num_gpus": 2, "num_gpus_per_engine": 1}}',
+            "--resource", '{"actor": [1, 8], "rollout": [1, 4], "genrm": [1, 4]}', "--colocate",
+        ]
+    )  # fmt: skip
+    request = layout_request_from_args(args)
+    p = plan_layout(request)
+    r = create_placement_groups(p, timeout_s=60)
+    realized.append(r)
+    engines = create_judge_engines(r, request.genrm)
+    realized.extend(h for handles in engines.values() for h in handles)
+    assert {k: len(v) for k, v in engines.items()} == {"quality": 1, "safety": 2}
+    infos = {
+        k: ray.get([h.info.remote() for h in handles], timeout=60) for k, handles in engines.items()
+    }
+    pg_id = r.placement_groups["colocate"].id.hex()
+    assert [i["cuda_visible_devices"] for i in infos["quality"]] == ["4"]
+    assert [i["cuda_visible_devices"] for i in infos["safety"]] == ["6", "7"]
+    assert all(i["placement_group_id"] == pg_id for v in infos.values() for i in v)
+    assert [i["engine_index"] for i in infos["safety"]] == [0, 1]
