@@ -191,3 +191,32 @@ def test_fully_async_groups_each_on_one_node_without_sharing(made: list[Any]) ->
     for engine in p.engines:
         assert len({s.node_id for s in r.engine_slots(engine)}) == 1
     assert len({s.node_id for s in r.slots["actor"]}) == 1
+
+
+def test_judge_engine_workers_on_the_second_node(made: list[Any]) -> None:
+    """genrm-serve's EngineWorker actors, created from the plan, on node 2's GPUs 0 and 4."""
+    pytest.importorskip("genrm_serve.engines.worker")  # until the engines branch is merged
+    from rl_core.placement import layout_request_from_args, plan_layout
+    from rl_core.placement.realize import create_judge_engines
+
+    parser = argparse.ArgumentParser()
+    add_placement_args(parser)
+    args = parser.parse_args(
+        [
+            "--genrm-model-path", "scripted", "--genrm-num-gpus-per-engine", "4",
+            "--resource", '{"actor": [2, 8], "rollout": [1, 8], "genrm": [1, 8]}', "--colocate",
+        ]
+    )  # fmt: skip
+    request = layout_request_from_args(args)
+    r = create_placement_groups(plan_layout(request), timeout_s=90)
+    made.append(r)
+    (handles,) = create_judge_engines(r, request.genrm).values()
+    made.extend(handles)
+    infos = ray.get([h.info.remote() for h in handles], timeout=90)
+    assert [i["cuda_visible_devices"] for i in infos] == ["0", "4"]
+    second = r.slot("colocate", 8).node_id
+    actor_nodes = {
+        h._actor_id.hex(): ray._private.state.actors(h._actor_id.hex())["Address"]["NodeID"]
+        for h in handles
+    }
+    assert set(actor_nodes.values()) == {second}
