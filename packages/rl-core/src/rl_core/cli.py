@@ -42,6 +42,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "rl_core.placement.command",
         "print the placement plan (mode and GPU map) for train's flags; needs no GPU",
     ),
+    "train": Subcommand(
+        "rl_core.train", "GRPO training with GenRM judges (e.g. --preset cpu-demo)"
+    ),
+    "plot": Subcommand("rl_core.plot", "write reward / accuracy / length curves of a run to PNG"),
 }
 
 
@@ -80,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown and not getattr(module, "ACCEPTS_UNKNOWN_FLAGS", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.unknown_flags = unknown
+    # what followed the subcommand's name, for subcommands that parse their own command line
+    args.subcommand_argv = argv[argv.index(args.command) + 1 :]
     return module.run(args)
 
 

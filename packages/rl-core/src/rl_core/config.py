@@ -19,7 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from genrm_serve.config import GenRMConfigError, InstanceSpec, add_genrm_args, instances_from_args
+from genrm_serve.config import GenRMConfigError, InstanceSpec, build_instances
+from rl_core.placement.args import add_placement_args
 
 #: The embedded Gemma 3 270M (genrm-serve's cached safetensors copy), for policy or judge.
 EMBEDDED_MODEL = "embedded:gemma3-270m"
@@ -105,6 +106,11 @@ class TrainConfig(BaseModel):
     resource: dict[str, list[int]] | None = None
     colocate: bool = False
     fully_async: bool = False
+    rollout_num_gpus: int | None = None
+    rollout_num_gpus_per_engine: int = 1
+    sglang_mem_fraction_static: float | None = None
+    num_gpus_per_node: int = 8
+    builtin_reward_post_process: bool = False
     # checkpoints and output
     save: str | None = None
     save_interval: int | None = Field(default=None, gt=0)
@@ -193,6 +199,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "bf16": True,
         "max_tokens_per_gpu": 1024,
         "colocate": True,
+        # The GPU layout this job would have (colocate split); on a CPU machine the plan decides
+        # the phases (rollout and judge sleep while the actor trains) and is not realised.
+        "resource": json.dumps({"actor": [1, 2], "rollout": [1, 1], "genrm": [1, 1]}),
         "run_dir": "runs/cpu-demo",
     },
 }
@@ -205,13 +214,22 @@ def _bool_flag(g: argparse._ArgumentGroup, name: str, help: str, default: bool =
     g.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help)
 
 
+DESCRIPTION = "GRPO with generative-reward-model (GenRM) judges."
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``rl-core train`` parser (original flag names)."""
     p = argparse.ArgumentParser(
         prog="rl-core train",
-        description="GRPO with generative-reward-model (GenRM) judges.",
+        description=DESCRIPTION,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    add_train_args(p)
+    return p
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    """Add every ``rl-core train`` flag to ``p``."""
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a ready-made job")
     p.add_argument("--config", default=None, help="YAML/JSON file of flag values")
 
@@ -280,11 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-limit", type=int, default=None, help="evaluate on the first N only")
 
     g = p.add_argument_group("rewards")
-    g.add_argument("--rm-type", default=None, help="dapo-genrm, math, dummy, ...")
     g.add_argument("--reward-key", default="score")
     g.add_argument("--custom-rm-path", default=None, help="module.func")
-    _bool_flag(g, "--defer-reward-to-post-process", "score the whole batch after rollout")
-    g.add_argument("--custom-reward-post-process-path", default=None, help="module.func")
     g.add_argument("--reward-concurrency", type=int, default=32)
     g.add_argument(
         "--max-judge-error-fraction",
@@ -295,19 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
     _bool_flag(g, "--rule-gate", "math-verify proves a match → 1 without calling the judge")
     g.add_argument("--deferred-rm-type", default="dapo-genrm", help="reward of the deferred batch")
 
-    add_genrm_args(p)
-
-    g = p.add_argument_group("placement")
-    g.add_argument("--resource", default=None, help='JSON {"actor": [groups, gpus], ...}')
-    _bool_flag(g, "--colocate", "all roles share one placement group")
-    _bool_flag(g, "--fully-async", "each role on its own GPUs; rollout overlaps training")
+    # --resource, --colocate / --fully-async, rollout GPU flags, --rm-type and the defer flags,
+    # and genrm-serve's --genrm-* flags: one definition, shared with `rl-core plan`.
+    add_placement_args(p)
 
     g = p.add_argument_group("checkpoints and output")
     g.add_argument("--save", default=None)
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--load", default=None)
     g.add_argument("--run-dir", default="runs/latest", help="metrics, TensorBoard, plots")
-    return p
 
 
 def _file_values(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -347,7 +358,15 @@ def parse_train_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, ar
         defaults.update(_file_values(first.config, parser))
     parser.set_defaults(**defaults)
     ns = parser.parse_args(argv)
-    return config_from_namespace(ns), ns
+    cfg = config_from_namespace(ns)
+    if cfg.resource is not None:  # a wrong layout is caught here, before any model loads
+        from rl_core.placement import PlacementError, plan_from_args
+
+        try:
+            plan_from_args(ns)
+        except PlacementError as err:
+            raise ConfigError(str(err)) from err
+    return cfg, ns
 
 
 def config_from_namespace(ns: argparse.Namespace) -> TrainConfig:
@@ -357,7 +376,7 @@ def config_from_namespace(ns: argparse.Namespace) -> TrainConfig:
         if values.get(flag) is None:
             raise ConfigError(f"--{flag.replace('_', '-')} is required (or use --preset cpu-demo)")
     try:
-        values["genrm_instances"] = instances_from_args(ns) if _genrm_given(ns) else {}
+        values["genrm_instances"] = _instances(ns) if _genrm_given(ns) else {}
     except GenRMConfigError as err:
         raise ConfigError(str(err)) from err
     for key in list(values):
@@ -380,6 +399,27 @@ def config_from_namespace(ns: argparse.Namespace) -> TrainConfig:
             else:
                 lines.append(msg)
         raise ConfigError("invalid training configuration:\n  " + "\n  ".join(lines)) from err
+
+
+def _instances(ns: argparse.Namespace) -> dict[str, InstanceSpec]:
+    num_gpus = ns.genrm_num_gpus
+    if num_gpus is None:  # placement's default: the genrm entry of --resource, else 1
+        try:
+            resource = json.loads(ns.resource) if isinstance(ns.resource, str) else ns.resource
+        except json.JSONDecodeError:
+            resource = None  # reported below, with the position, as a --resource error
+        genrm = (resource or {}).get("genrm") if isinstance(resource, dict) else None
+        num_gpus = genrm[0] * genrm[1] if isinstance(genrm, list) and len(genrm) == 2 else 1
+        num_gpus = num_gpus if isinstance(num_gpus, int) and num_gpus > 0 else 1
+    return build_instances(
+        instances=ns.genrm_instances,
+        model_path=ns.genrm_model_path,
+        num_gpus=num_gpus,
+        num_gpus_per_engine=ns.genrm_num_gpus_per_engine,
+        engine_config=ns.genrm_engine_config,
+        sampling_config=ns.genrm_sampling_config,
+        engine=ns.genrm_engine,
+    )
 
 
 def _genrm_given(ns: argparse.Namespace) -> bool:

@@ -9,10 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from rl_core.config import ConfigError, build_parser, parse_train_args
-
-#: ``rl-core train`` passes its whole command line through (the train parser owns the flags).
-ACCEPTS_UNKNOWN_FLAGS = True
+from rl_core.config import DESCRIPTION, ConfigError, add_train_args, parse_train_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,15 +29,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = build_parser().description
-    parser.add_argument("train_flags", nargs=argparse.REMAINDER, help="see rl-core train --help")
+    """The subcommand lists every train flag (for ``--help``); :func:`run` re-parses the command
+    line itself because presets and ``--config`` files change the defaults before parsing."""
+    parser.description = DESCRIPTION
+    add_train_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    flags = list(getattr(args, "train_flags", []) or []) + list(
-        getattr(args, "unknown_flags", []) or []
-    )
-    return main(flags)
+    return main(list(args.subcommand_argv))
 
 
 if __name__ == "__main__":
