@@ -46,6 +46,15 @@ class MetricsWriter:
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
 
+    def log_samples(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """Write one step's samples (question, response, reward, verdict source, ...) to
+        ``RUN_DIR/samples/<name>.jsonl``: what the policy said and what the judge made of it."""
+        folder = self.run_dir / "samples"
+        folder.mkdir(exist_ok=True)
+        with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, default=str) + "\n")
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()

@@ -84,6 +84,25 @@ def verdict_source(sample: Sample) -> str:
     return "rule"
 
 
+def sample_row(s: Sample) -> dict[str, Any]:
+    """One sample as a JSON record for ``RUN_DIR/samples/``."""
+    return {
+        "group": s.group_id,
+        "index": s.index,
+        "question": s.metadata.get("question"),
+        "label": s.label,
+        "response": s.response,
+        "finish_reason": s.finish_reason,
+        "response_tokens": s.response_length,
+        "reward": s.reward,
+        "status": s.status,
+        "source": verdict_source(s),
+        "advantage": s.advantage,
+        "weight_version": s.weight_version,
+        "details": {k: v for k, v in s.reward_details.items() if k not in ("score", "status")},
+    }
+
+
 def _acc(sample: Sample) -> float | None:
     if sample.reward is None:
         return None
@@ -227,6 +246,7 @@ class GRPOTrainer:
             times["save"] = time.perf_counter() - t0
         metrics.update({f"time/{k}": v for k, v in times.items()})
         self.metrics.log(step + 1, metrics)
+        self.metrics.log_samples(f"step_{step + 1:06d}", [sample_row(s) for s in batch])
         self.history.append(StepRecord(step + 1, metrics, times, verdicts))
 
     # --- phases ----------------------------------------------------------------------------------
