@@ -204,13 +204,13 @@ class PromptCursor:
 
 # --- the CPU demo's math set ---------------------------------------------------------------------
 
-#: Prompts end with this; the policy's answer is the text up to the first newline.
+#: The policy's answer to an easy-math prompt is the text up to the first newline.
 EASY_MATH_STOP = "\n"
 
 
 def _easy_problem(rng: random.Random) -> tuple[str, int]:
     a, b = rng.randint(1, 9), rng.randint(1, 9)
-    if rng.random() < 0.7:
+    if rng.random() < 0.8:
         return f"{a} + {b}", a + b
     a, b = max(a, b), min(a, b)
     return f"{a} - {b}", a - b
@@ -219,9 +219,12 @@ def _easy_problem(rng: random.Random) -> tuple[str, int]:
 def make_easy_math(n: int, *, seed: int, shots: int = 4) -> list[PromptRecord]:
     """A few-shot arithmetic set that a small *base* model partly solves, so rewards vary.
 
-    Each prompt shows ``shots`` solved one-digit additions/subtractions and then asks one more,
-    ending in ``"Answer:"``; the expected completion is ``" 7\\n"``. Deterministic in ``seed``.
-    The judge sees only the last question (``metadata["question"]``), not the examples.
+    Each prompt is ``shots`` solved one-digit equations, one per line (``"3 + 4 = 7"``), then
+    one more left open (``"5 + 2 ="``); the expected completion is " 7" and a newline. Bare equations,
+    not "Question: … Answer:" prose: the embedded Gemma 3 270M base model gets about 70 % of
+    these right at temperature 1, with both right and wrong answers inside most groups of 4,
+    while the prose format fell to a few percent. Deterministic in ``seed``. The judge sees the
+    question as ``"What is 5 + 2?"`` (``metadata["question"]``), not the examples.
     """
     rng = random.Random(seed)
     records = []
@@ -229,15 +232,18 @@ def make_easy_math(n: int, *, seed: int, shots: int = 4) -> list[PromptRecord]:
         lines = []
         for _ in range(shots):
             expr, value = _easy_problem(rng)
-            lines.append(f"Question: What is {expr}?\nAnswer: {value}\n")
+            lines.append(f"{expr} = {value}\n")
         expr, value = _easy_problem(rng)
-        question = f"What is {expr}?"
-        prompt = "".join(lines) + f"Question: {question}\nAnswer:"
+        prompt = "".join(lines) + f"{expr} ="
         records.append(
             PromptRecord(
                 prompt=prompt,
                 label=str(value),
-                metadata={"question": question, "label": str(value), "id": f"easy-math-{seed}-{i}"},
+                metadata={
+                    "question": f"What is {expr}?",
+                    "label": str(value),
+                    "id": f"easy-math-{seed}-{i}",
+                },
             )
         )
     return records
