@@ -83,12 +83,12 @@ def test_easy_math_deterministic_and_correct():
     for r in a:
         expr = r.metadata["question"].removeprefix("What is ").removesuffix("?")
         assert isinstance(r.prompt, str) and r.prompt.endswith(f"\n{expr} =")
-        assert str(eval(expr)) == r.label  # noqa: S307 - our own generated arithmetic
+        assert str(eval(expr)) == r.label
         lines = r.prompt.split("\n")
         assert len(lines) == 5
         for line in lines[:-1]:  # the worked examples are correct
             left, right = line.split(" = ")
-            assert str(eval(left)) == right  # noqa: S307
+            assert str(eval(left)) == right
 
 
 def test_cursor_wraps_epochs_and_resumes():

@@ -220,11 +220,12 @@ def make_easy_math(n: int, *, seed: int, shots: int = 4) -> list[PromptRecord]:
     """A few-shot arithmetic set that a small *base* model partly solves, so rewards vary.
 
     Each prompt is ``shots`` solved one-digit equations, one per line (``"3 + 4 = 7"``), then
-    one more left open (``"5 + 2 ="``); the expected completion is " 7" and a newline. Bare equations,
-    not "Question: … Answer:" prose: the embedded Gemma 3 270M base model gets about 70 % of
-    these right at temperature 1, with both right and wrong answers inside most groups of 4,
-    while the prose format fell to a few percent. Deterministic in ``seed``. The judge sees the
-    question as ``"What is 5 + 2?"`` (``metadata["question"]``), not the examples.
+    one more left open (``"5 + 2 ="``); the expected completion is " 7" and a newline. Bare
+    equations, not "Question: … Answer:" prose: the embedded Gemma 3 270M base model gets about
+    70 % of these right at temperature 1, with right and wrong answers inside most groups of 4,
+    while on the prose format it mostly answered " 2", " 4", " 6". Deterministic in ``seed``.
+    The judge sees the question as ``"What is 5 + 2?"`` (``metadata["question"]``), not the
+    examples.
     """
     rng = random.Random(seed)
     records = []
