@@ -8,9 +8,11 @@ admission control is done per instance here instead (429 with Retry-After).
 
 One replica on purpose: routing state (who is in flight where) and the engine supervisor live
 here, and a second replica would double-count engine load and race on restarts.
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Serve's class-based FastAPI views read the
+route methods' annotations at runtime, and string annotations turn every body into a query
+parameter.
+"""
 
 import asyncio
 import hmac
@@ -166,6 +168,11 @@ def _meta(router: InstanceRouter, slot: EngineSlot, out: EngineOutput) -> dict[s
         engine_latency_s=out.latency_s,
     )
     return meta.model_dump(exclude_none=True)
+
+
+def _outcome(err: ServiceError) -> str:
+    known = {"prompt_too_long", "overloaded", "engine_unavailable", "instance_asleep", "timeout"}
+    return err.type if err.type in known else "error"
 
 
 @serve.deployment(name="GenRMIngress")
@@ -430,7 +437,3 @@ class GenRMIngress:
         await asyncio.gather(*(self.routers[k].wake(self.args.sleep_timeout_s) for k in keys))
         return JSONResponse({"status": "awake", "route_keys": keys})
 
-
-def _outcome(err: ServiceError) -> str:
-    known = {"prompt_too_long", "overloaded", "engine_unavailable", "instance_asleep", "timeout"}
-    return err.type if err.type in known else "error"

@@ -45,6 +45,10 @@ class PromptTooLongError(EngineError):
         self.prompt_tokens = prompt_tokens
         self.max_context_len = max_context_len
 
+    def __reduce__(self) -> tuple[type[PromptTooLongError], tuple[int, int]]:
+        # Crosses Ray's actor boundary: rebuild from the numbers, not from the message.
+        return (type(self), (self.prompt_tokens, self.max_context_len))
+
 
 @dataclass
 class EngineRequest:
