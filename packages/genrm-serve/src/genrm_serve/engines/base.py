@@ -45,8 +45,9 @@ class PromptTooLongError(EngineError):
         self.prompt_tokens = prompt_tokens
         self.max_context_len = max_context_len
 
-    def __reduce__(self) -> tuple[type[PromptTooLongError], tuple[int, int]]:
-        # Crosses Ray's actor boundary: rebuild from the numbers, not from the message.
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Ray pickles an actor's exception to its caller; the default reduce would call
+        # ``__init__(message)`` and fail, turning a 413 into an opaque error.
         return (type(self), (self.prompt_tokens, self.max_context_len))
 
 
