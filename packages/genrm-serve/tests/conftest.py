@@ -8,6 +8,9 @@ from collections.abc import Iterator
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Under `uv run`, Ray 2.60 otherwise ships the working directory to every worker and starts the
+# workers with `uv run` there; they die before registering and serve.start() hangs.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 import pytest
 

@@ -100,8 +100,8 @@ def _get(args: ServeArgs, path: str, **kw: Any) -> httpx.Response:
 def _counter(text: str, name: str, **labels: str) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     for line in text.splitlines():
-        m = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
-        if m and ",".join(sorted(m.group(1).split(","))) == want:
+        m = re.match(rf"{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if m and ",".join(sorted((m.group(1) or "").split(","))).strip(",") == want:
             return float(m.group(2))
     raise AssertionError(f"no sample {name}{{{want}}} in metrics")
 
@@ -186,7 +186,13 @@ def test_unknown_route_key_is_404_naming_it_and_the_registered_keys(multi: Serve
         {"messages": [USER], "sampling_params": {"top_p": 2.0}},
         {"prompt": "x"},
     ],
-    ids=["bad-role", "no-messages", "unknown-sampling-key", "top_p-out-of-range", "no-messages-key"],
+    ids=[
+        "bad-role",
+        "no-messages",
+        "unknown-sampling-key",
+        "top_p-out-of-range",
+        "no-messages-key",
+    ],
 )
 def test_malformed_body_is_422_and_the_service_keeps_serving(
     multi: ServeArgs, body: dict[str, Any]
@@ -277,9 +283,7 @@ def test_openai_unknown_model_and_unsupported_options(multi: ServeArgs) -> None:
     r = _post(multi, "/v1/chat/completions", {"model": "gpt-4", "messages": [USER]})
     assert r.status_code == 404
     assert "route_key=gpt-4" in r.json()["error"]["message"]
-    r = _post(
-        multi, "/v1/chat/completions", {"model": "safety", "messages": [USER], "n": 3}
-    )
+    r = _post(multi, "/v1/chat/completions", {"model": "safety", "messages": [USER], "n": 3})
     assert r.status_code == 422
     assert "n" in r.json()["error"]["message"]
 
@@ -296,9 +300,10 @@ def test_metrics_counters_move(multi: ServeArgs) -> None:
     assert after.headers["content-type"].startswith("text/plain")
     text = after.text
     ok = {"route_key": "safety", "outcome": "success"}
-    assert _counter(text, "genrm_requests_total", **ok) == _counter(
-        before, "genrm_requests_total", **ok
-    ) + 3
+    assert (
+        _counter(text, "genrm_requests_total", **ok)
+        == _counter(before, "genrm_requests_total", **ok) + 3
+    )
     assert _counter(text, "genrm_prompt_tokens_total", route_key="safety") > _counter(
         before, "genrm_prompt_tokens_total", route_key="safety"
     )
@@ -402,9 +407,8 @@ def test_killed_engine_fails_over_then_restarts_and_rejoins(multi: ServeArgs) ->
     # Traffic keeps flowing: a request that lands on the dead engine is retried on the other.
     for _ in range(6):
         r = _post(multi, "/generate", {"messages": [USER], "route_key": "quality"})
-        assert r.status_code in (200, 503), r.text
-        if r.status_code == 200:
-            assert r.json()["response"].split("|")[1] == "quality"
+        assert r.status_code == 200, r.text
+        assert r.json()["meta"]["engine_id"] == "quality/1"
     down = _wait_health(multi, 503, 15)
     q = down["instances"]["quality"]
     assert q["status"] == "degraded" and q["engines_healthy"] == 1 and q["engines_total"] == 2

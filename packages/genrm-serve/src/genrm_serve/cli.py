@@ -201,6 +201,9 @@ def _resolve_run(
 
 def _init_ray(address: str | None, num_cpus: int | None = None) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Started with `uv run`, Ray 2.60 would ship the current directory to every worker and
+    # start them with `uv run` there (slow, and fatal outside the project): use this venv.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS")

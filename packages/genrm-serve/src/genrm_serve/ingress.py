@@ -436,4 +436,3 @@ class GenRMIngress:
         keys = await self._target_keys(request)
         await asyncio.gather(*(self.routers[k].wake(self.args.sleep_timeout_s) for k in keys))
         return JSONResponse({"status": "awake", "route_keys": keys})
-

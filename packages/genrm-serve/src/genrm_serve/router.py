@@ -192,9 +192,13 @@ class InstanceRouter:
                 continue
             if best is None or slot.in_flight < best.in_flight:
                 best = slot
-        if best is not None:
-            self._rr = (best.index + 1) % max(1, count)
         return best
+
+    def _take(self, slot: EngineSlot, n: int) -> None:
+        slot.in_flight += n
+        self._idle.clear()
+        # Ties go round-robin: the next search starts after the engine just chosen.
+        self._rr = (self.slots.index(slot) + 1) % len(self.slots)
 
     def _dispatch(self) -> None:
         while self._waiters:
@@ -214,8 +218,7 @@ class InstanceRouter:
             if slot is None:
                 return
             self._waiters.popleft()
-            slot.in_flight += waiter.n
-            self._idle.clear()
+            self._take(slot, waiter.n)
             waiter.future.set_result(slot)
 
     async def acquire(self, n: int = 1, exclude: frozenset[str] = frozenset()) -> EngineSlot:
@@ -225,8 +228,7 @@ class InstanceRouter:
         if not self._waiters:
             slot = self._pick(n, exclude)
             if slot is not None:
-                slot.in_flight += n
-                self._idle.clear()
+                self._take(slot, n)
                 return slot
         if not any(s.healthy and s.engine_id not in exclude for s in self.slots):
             raise self._no_engine_error(exclude)
