@@ -131,7 +131,7 @@ def test_health_one_instance_is_exactly_the_spec_body(solo: tuple[ServeArgs, Any
 
 def test_requests_reach_the_instance_named_by_route_key(multi: ServeArgs) -> None:
     seen: dict[str, set[str]] = {"quality": set(), "safety": set()}
-    for i in range(8):
+    for _ in range(8):
         for key in ("quality", "safety"):
             r = _post(multi, "/generate", {"messages": [USER], "route_key": key})
             assert r.status_code == 200, r.text
@@ -141,7 +141,7 @@ def test_requests_reach_the_instance_named_by_route_key(multi: ServeArgs) -> Non
             assert body["meta"]["route_key"] == key
             assert body["meta"]["engine_id"] == engine_id
             seen[key].add(engine_id)
-    assert seen == {"quality": {"quality/0", "quality/1"}, "safety": {"safety/0"}}, i
+    assert seen == {"quality": {"quality/0", "quality/1"}, "safety": {"safety/0"}}
 
 
 def test_standalone_engines_live_in_their_instance_placement_group(multi: ServeArgs) -> None:
