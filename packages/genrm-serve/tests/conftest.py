@@ -21,6 +21,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture
+def unused_port() -> int:
+    """A loopback port nothing listens on (for a service a test starts itself)."""
+    return free_port()
+
+
 @pytest.fixture(scope="module")
 def serve_port() -> Iterator[int]:
     """A fresh local Ray cluster with Serve's HTTP proxy on a free loopback port."""

@@ -422,3 +422,46 @@ def test_killed_engine_fails_over_then_restarts_and_rejoins(multi: ServeArgs) ->
         assert r.status_code == 200
         seen.add(r.json()["meta"]["engine_id"])
     assert seen == {"quality/0", "quality/1"}
+
+
+# ---- through genrm-client ---------------------------------------------------------------------
+
+
+async def test_client_routes_by_key_and_reads_health(multi: ServeArgs) -> None:
+    from genrm_client import AsyncGenRMClient
+
+    async with AsyncGenRMClient(multi.url, max_retries=0) as client:
+        assert (await client.health()).status == "healthy"
+        text = await client.generate([USER], {"temperature": 0.0}, route_key="safety")
+        assert text == "s|safety|safety/0"
+        full = await client.generate_full([USER], route_key="quality")
+        assert full.meta is not None and full.meta.route_key == "quality"
+
+
+async def test_client_raises_unknown_route_key_at_once(multi: ServeArgs) -> None:
+    from genrm_client import AsyncGenRMClient, UnknownRouteKeyError
+
+    before = _counter(_get(multi, "/metrics").text, "genrm_unknown_route_key_requests_total")
+    async with AsyncGenRMClient(multi.url, max_retries=5) as client:
+        with pytest.raises(UnknownRouteKeyError) as info:
+            await client.generate([USER], route_key="helpfulness")
+    assert info.value.route_key == "helpfulness"
+    assert "No GenRM instance registered for route_key=helpfulness" in str(info.value)
+    after = _counter(_get(multi, "/metrics").text, "genrm_unknown_route_key_requests_total")
+    assert after == before + 1  # one attempt: a 404 is never retried
+
+
+async def test_client_retries_through_overload(solo: tuple[ServeArgs, Any]) -> None:
+    from genrm_client import AsyncGenRMClient
+
+    args, _ = solo
+    before = _get(args, "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    async with AsyncGenRMClient(args.url, api_key=API_KEY, max_retries=10, timeout=60) as c:
+        texts = await asyncio.gather(*(c.generate([USER]) for _ in range(10)))
+    assert texts == ["1"] * 10
+    after = _get(args, "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    labels = {"route_key": DEFAULT_ROUTE_KEY, "outcome": "overloaded"}
+    # The service did refuse some of them (429) and the client's retries got them through.
+    assert _counter(after, "genrm_requests_total", **labels) > _counter(
+        before, "genrm_requests_total", **labels
+    )
