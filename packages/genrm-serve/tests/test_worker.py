@@ -6,6 +6,8 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -17,7 +19,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from genrm_client.types import Message, SamplingParams
-from genrm_serve.config import EngineConfig, InstanceSpec
+from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
 from genrm_serve.engines.base import (
     EngineAsleepError,
     EngineError,
@@ -25,6 +27,7 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
 )
 from genrm_serve.engines.worker import EngineWorker, create_engine_worker
+from genrm_serve.testing import build_tiny_model
 
 TIMEOUT = 60
 
@@ -144,3 +147,36 @@ async def test_in_process_worker_without_ray() -> None:
     with pytest.raises(EngineError, match="not started"):
         await EngineWorker(_spec({}), 1).generate(_req("x"))
     await worker.shutdown()
+
+
+async def test_hf_engine_in_an_actor_batches_real_forward_passes(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    tiny = build_tiny_model(tmp_path / "tiny")
+    spec = InstanceSpec(
+        route_key="judge",
+        model_path=str(tiny),
+        num_gpus=1,
+        engine="hf",
+        engine_config=EngineConfig(max_batch_size=8),
+        sampling_config=SamplingParams(temperature=0.0, max_response_len=3).merged_over(
+            DEFAULT_SAMPLING
+        ),
+    )
+    handle = await _started(spec)
+    h: Any = handle
+    prompts = [f"Is {i} equal to {i}? " * 3 for i in range(12)]
+    outs = await asyncio.wait_for(
+        asyncio.gather(*(h.generate.remote(_req(p)) for p in prompts)), TIMEOUT
+    )
+    stats = await h.stats.remote()
+    assert stats["batches"] < 12 and stats["max_batch"] > 1, stats
+    assert stats["device"] == "cpu"
+    # the same request alone gives the same greedy answer as inside a batch
+    alone = await asyncio.wait_for(h.generate.remote(_req(prompts[5])), TIMEOUT)
+    assert alone.text == outs[5].text and alone.extra["batch_size"] == 1
+    await asyncio.wait_for(h.sleep.remote(), TIMEOUT)
+    await asyncio.wait_for(h.wake.remote(), TIMEOUT)
+    again = await asyncio.wait_for(h.generate.remote(_req(prompts[5])), TIMEOUT)
+    assert again.text == alone.text
+    ray.kill(handle)
