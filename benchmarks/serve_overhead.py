@@ -25,7 +25,6 @@ import socket
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -127,7 +126,9 @@ async def main_async(args: argparse.Namespace) -> None:
         # Warm up both paths (connections, actor method lookups).
         await _run(http, 16, 200)
         await _run(direct, 16, 200)
-        print(f"{'path':<12} {'conc':>5} {'rate':>10} {'':<12} {'p50 ms':>8} {'p99 ms':>8} {'n':>7}")
+        print(
+            f"{'path':<12} {'conc':>5} {'rate':>10} {'':<12} {'p50 ms':>8} {'p99 ms':>8} {'n':>7}"
+        )
         for conc in (1, 64, 256):
             total = args.requests if conc > 1 else max(200, args.requests // 10)
             _row("direct", conc, await _run(direct, conc, total), "req/s")
