@@ -238,6 +238,10 @@ def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
         print(f"ready: {json.dumps(report)}")
         print(f"  curl {args.url}/health")
         print(f"  OpenAI base_url: {args.url}/v1  (model = route_key)")
+        import ray
+
+        gcs = ray.get_runtime_context().gcs_address
+        print(f"  genrm-serve shutdown --address {gcs}   (or Ctrl-C here)")
         print("Ctrl-C to stop.", flush=True)
         while not stop["now"]:
             time.sleep(1.0)
