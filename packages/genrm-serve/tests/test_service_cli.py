@@ -1,5 +1,5 @@
 """``genrm-serve``: every configuration error exits 2 with its message before Ray starts; ``run``
-serves two instances until interrupted, and ``status`` reports them."""
+serves two instances, ``status`` reports them and ``shutdown`` ends them."""
 
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ def test_run_serves_two_instances_until_interrupted(tmp_path: Path, unused_port:
             if not line:
                 break
             lines.append(line)
-            if line.startswith("ready:"):
+            if line.startswith("Ctrl-C to stop"):
                 break
         assert any(line.startswith("ready:") for line in lines), "".join(lines[-30:])
         url = f"http://127.0.0.1:{port}/genrm"
@@ -206,12 +206,25 @@ def test_run_serves_two_instances_until_interrupted(tmp_path: Path, unused_port:
         )
         assert status.returncode == 0, status.stdout + status.stderr
         assert "safety/1" in status.stdout and "healthy" in status.stdout
+        address = next(ln for ln in lines if "genrm-serve shutdown --address" in ln).split()[3]
+        down = subprocess.run(
+            [sys.executable, "-m", "genrm_serve.cli", "shutdown", "--address", address],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "deleted Serve app 'genrm'" in down.stdout
     finally:
-        proc.send_signal(signal.SIGINT)
+        if proc.poll() is None:
+            try:
+                proc.wait(timeout=30)  # `run` notices the app is gone and exits
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)
         try:
             out, _ = proc.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
     assert proc.returncode == 0, "".join(lines[-20:]) + out[-3000:]
-    assert "shutting down" in out
+    assert "shut down from elsewhere" in out

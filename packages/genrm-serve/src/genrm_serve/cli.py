@@ -295,7 +295,20 @@ def _cmd_shutdown(ns: argparse.Namespace) -> int:
     if ns.app_name not in apps:
         print(f"no Serve app named {ns.app_name!r} (apps: {sorted(apps)})")
         return 1
-    serve.delete(ns.app_name)
+    # Not blocking: the `genrm-serve run` that owns the cluster exits (and stops Ray) as soon
+    # as the app is gone, which would cut a blocking delete off mid-wait.
+    serve.delete(ns.app_name, _blocking=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if ns.app_name not in serve.status().applications:
+                break
+        except Exception:  # the cluster went away with its `run` process: deleted too
+            break
+        time.sleep(0.5)
+    else:
+        print(f"Serve app {ns.app_name!r} still deleting after 60 s", file=sys.stderr)
+        return 1
     print(f"deleted Serve app {ns.app_name!r}")
     return 0
 
