@@ -93,6 +93,7 @@ class _EngineFailure(Exception):
     def __init__(self, slot: EngineSlot, err: BaseException) -> None:
         super().__init__(f"engine {slot.engine_id} failed: {error_message(err)}")
         self.slot = slot
+        self.asleep = isinstance(err, EngineAsleepError)
 
 
 class InstanceRouter:
@@ -291,12 +292,16 @@ class InstanceRouter:
         try:
             retry = await self.acquire(n, frozenset({slot.engine_id}))
         except ServiceError as err:
+            if failure.asleep:  # engines put to sleep directly on their actors (rl-core)
+                raise ServiceError.asleep(self.route_key) from err
             raise ServiceError.unavailable(
                 self.route_key, f"{failure}; no other healthy engine to retry on"
             ) from err
         try:
             return await self._call(retry, method, payload), retry
         except _EngineFailure as second:
+            if failure.asleep and second.asleep:
+                raise ServiceError.asleep(self.route_key) from second
             raise ServiceError.unavailable(
                 self.route_key, f"{failure}; the retry failed too: {second}"
             ) from second
