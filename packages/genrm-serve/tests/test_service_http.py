@@ -57,7 +57,7 @@ def multi(serve_port: int) -> Iterator[ServeArgs]:
         engine_num_cpus=0.1,
         health_check_period_s=0.5,
         probe_timeout_s=5.0,
-        restart_backoff_s=1.0,
+        restart_backoff_s=2.0,
     )
     deploy(build_app(instances, args=args), args)
     wait_until_healthy(args, 120)
@@ -372,15 +372,15 @@ def test_overload_is_429_with_retry_after(solo: tuple[ServeArgs, Any]) -> None:
                 await asyncio.gather(
                     *(
                         client.post(f"{args.url}/generate", json={"messages": [USER]})
-                        for _ in range(10)
+                        for _ in range(20)
                     )
                 )
             )
 
     responses = asyncio.run(burst())
     codes = sorted(r.status_code for r in responses)
-    # 1 in flight + 2 queued fit; the rest are refused at once.
-    assert codes.count(200) >= 3 and codes.count(429) >= 5, codes
+    # 1 in flight + 2 queued fit (more as the 0.3 s requests finish); the rest are refused.
+    assert set(codes) == {200, 429} and codes.count(200) >= 3, codes
     refused = next(r for r in responses if r.status_code == 429)
     assert int(refused.headers["Retry-After"]) >= 1
     assert refused.json()["error"]["type"] == "overloaded"

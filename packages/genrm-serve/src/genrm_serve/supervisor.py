@@ -185,8 +185,8 @@ class EngineSupervisor:
             )
             return
         except Exception as err:
-            if slot.state == "dead":
-                # The actor answers again (Ray restarted it) but is not started yet.
+            if slot.state == "dead" or await self._not_started(slot):
+                # The actor answers again (Ray restarted it) but has not loaded its model.
                 await self._start(router, slot)
             else:
                 router.set_state(slot, "unhealthy", f"health probe failed: {error_message(err)}")
@@ -197,3 +197,11 @@ class EngineSupervisor:
             return
         slot.failures_in_row = 0
         router.set_state(slot, "healthy", None)
+
+    async def _not_started(self, slot: EngineSlot) -> bool:
+        """Whether the actor is up but fresh (Ray restarted it faster than a probe period)."""
+        try:
+            info = await asyncio.wait_for(slot.handle.info.remote(), self.args.probe_timeout_s)
+        except Exception:
+            return False
+        return isinstance(info, dict) and info.get("state") == "created"
