@@ -83,6 +83,7 @@ def solo(serve_port: int) -> Iterator[tuple[ServeArgs, Any]]:
         api_key=API_KEY,
         engine_inflight_limit=1,
         health_check_period_s=0.5,
+        request_timeout_s=2.5,
     )
     app = build_app(instances, engines={DEFAULT_ROUTE_KEY: [EngineRef(handle=handle)]}, args=args)
     deploy(app, args)
@@ -494,5 +495,23 @@ def test_engines_slept_on_their_actors_answer_instance_asleep(
         assert r.json()["error"]["type"] == "instance_asleep"
     finally:
         ray.get(handle.wake.remote(), timeout=30)
+    r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
+    assert r.status_code == 200
+
+
+def test_an_engine_past_the_deadline_is_504_and_the_service_recovers(
+    solo: tuple[ServeArgs, Any],
+) -> None:
+    args, handle = solo
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    ray.get(handle.control.remote("set_delay", 4.0), timeout=30)
+    try:
+        r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
+        assert r.status_code == 504
+        err = r.json()["error"]
+        assert err["type"] == "timeout" and "request_timeout_s=2.5" in err["message"]
+    finally:
+        ray.get(handle.control.remote("set_delay", 0.3), timeout=30)
+    time.sleep(2.0)  # the engine finishes the slow batch it had started
     r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
     assert r.status_code == 200

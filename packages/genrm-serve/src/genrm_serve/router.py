@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from genrm_serve.config import InstanceSpec
@@ -51,6 +52,15 @@ def error_message(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def _cancel(ref: Any) -> None:
+    if ref is None:
+        return
+    try:
+        ray.cancel(ref)
+    except Exception:  # already finished, or the actor is gone
+        logger.debug("could not cancel an engine call", exc_info=True)
 
 
 @dataclass
@@ -238,11 +248,19 @@ class InstanceRouter:
         self._waiters.append(waiter)
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.request_timeout_s)
-        except BaseException:
+        except BaseException as err:
             if future.done() and not future.cancelled() and future.exception() is None:
                 self.release(future.result(), n)
             else:
                 future.cancel()
+            if isinstance(err, TimeoutError):
+                raise ServiceError(
+                    504,
+                    "timeout",
+                    f"route_key={self.route_key}: no engine slot freed up within "
+                    f"request_timeout_s={self.request_timeout_s}",
+                    route_key=self.route_key,
+                ) from err
             raise
 
     def release(self, slot: EngineSlot, n: int = 1) -> None:
@@ -255,14 +273,19 @@ class InstanceRouter:
 
     async def _call(self, slot: EngineSlot, method: str, payload: Any) -> Any:
         start = time.monotonic()
+        ref: Any = None
         try:
             ref = getattr(slot.handle, method).remote(payload)
             result = await asyncio.wait_for(ref, self.request_timeout_s)
+        except asyncio.CancelledError:
+            _cancel(ref)  # the caller went away: free the engine's slot for someone else
+            raise
         except PromptTooLongError as err:
             raise ServiceError(
                 413, "prompt_too_long", error_message(err), route_key=self.route_key
             ) from err
         except TimeoutError as err:
+            _cancel(ref)
             raise ServiceError(
                 504,
                 "timeout",
