@@ -214,3 +214,25 @@ async def test_update_weights_changes_outputs_and_survives_sleep(tiny_dir: Path)
     with pytest.raises(EngineError, match="unknown parameter"):
         await eng.update_weights({"not.a.weight": torch.zeros(1)}, version=2)
     await eng.shutdown()
+
+
+async def test_rows_that_finish_early_leave_the_batch_without_disturbing_others(
+    engine: HFEngine,
+) -> None:
+    long_prompt = await _length_prompt(engine)
+    reqs = [
+        _req("short one", tokens=True, max_response_len=1),
+        _req(long_prompt, tokens=True, max_response_len=8),
+        _req("another short one", tokens=True, max_response_len=2),
+        _req(long_prompt + " Again.", tokens=True, temperature=1.0, seed=4, max_response_len=6),
+    ]
+    before = engine.counters["forward_tokens"]
+    together = await engine.generate(reqs)
+    decode_tokens = engine.counters["forward_tokens"] - before
+    alone = [await _one(engine, r) for r in reqs]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    for a, b in zip(together, alone, strict=True):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    assert together[1].completion_tokens == 8
+    width = max(len(engine.encode(r)) for r in reqs)
+    assert decode_tokens < 4 * width + 4 * 7  # finished rows were not decoded to the end

@@ -172,6 +172,7 @@ async def test_hf_engine_in_an_actor_batches_real_forward_passes(
     stats = await h.stats.remote()
     assert stats["batches"] < 12 and stats["max_batch"] > 1, stats
     assert stats["device"] == "cpu"
+    assert stats["torch_threads"] == len(os.sched_getaffinity(0))  # not Ray's OMP_NUM_THREADS=1
     # the same request alone gives the same greedy answer as inside a batch
     alone = await asyncio.wait_for(h.generate.remote(_req(prompts[5])), TIMEOUT)
     assert alone.text == outs[5].text and alone.extra["batch_size"] == 1

@@ -27,6 +27,7 @@ import asyncio
 import gc
 import inspect
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -164,6 +165,13 @@ class HFEngine(Engine):
         cfg = self.spec.engine_config
         self.device = _resolve_device(cfg.device)
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
+        if self.device.type == "cpu":
+            # Ray sets OMP_NUM_THREADS=1 in an actor with fractional CPUs, which would halve a
+            # CPU engine on the 2-core machines; use the cores this process may run on instead.
+            threads = int(os.environ.get("GENRM_HF_NUM_THREADS", "0")) or len(
+                os.sched_getaffinity(0)
+            )
+            torch.set_num_threads(threads)
         self.prompts = PromptEncoder(
             AutoTokenizer.from_pretrained(self.model_dir), cfg.max_context_len
         )
@@ -291,6 +299,7 @@ class HFEngine(Engine):
             **self.counters,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "torch_threads": torch.get_num_threads(),
         }
 
     # -- generation --------------------------------------------------------------------------
@@ -388,33 +397,39 @@ class HFEngine(Engine):
             **{self._cache_kw: cache},
         )
         last_pos = positions[:, -1]
-        active = [r.max_new > 0 for r in rows]
         for row in rows:
             if row.max_new == 0:
                 row.finish = "length"
+        # ``live``: the rows still present in the batch tensors and the cache, in order. Rows that
+        # finish are dropped from the cache, so a long rollout does not drag finished ones along.
+        live = list(range(n))
         steps = max(r.max_new for r in rows)
         for step in range(steps):
             logits = out.logits[:, -1, :].float().cpu()
-            next_ids = []
-            for i, row in enumerate(rows):
-                if not active[i]:
-                    next_ids.append(pad)
+            for j, i in enumerate(live):
+                row = rows[i]
+                if row.finish is not None:
                     continue
                 gen = row.generator if row.generator is not None else self._generator
-                token, lp, raw = sample_next(logits[i], row.request.sampling, gen)
+                token, lp, raw = sample_next(logits[j], row.request.sampling, gen)
                 row.tokens.append(token)
                 row.logprobs.append(lp)
                 row.raw_logprobs.append(raw)
-                next_ids.append(token)
-                if self._finished(row):
-                    active[i] = False
-            if not any(active) or step == steps - 1:
+                self._finished(row)
+            keep = [j for j, i in enumerate(live) if rows[i].finish is None]
+            if not keep or step == steps - 1:
                 break
+            if len(keep) < len(live):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, last_pos = mask[index], last_pos[index]
+                live = [live[j] for j in keep]
             last_pos = last_pos + 1
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=mask.device)], 1)
-            self.counters["forward_tokens"] += n
+            ones = torch.ones((len(live), 1), dtype=mask.dtype, device=mask.device)
+            mask = torch.cat([mask, ones], 1)
+            self.counters["forward_tokens"] += len(live)
             out = self.model(
-                input_ids=torch.tensor(next_ids, device=self.device).unsqueeze(1),
+                input_ids=torch.tensor([[rows[i].tokens[-1]] for i in live], device=self.device),
                 attention_mask=mask,
                 position_ids=last_pos.unsqueeze(1),
                 use_cache=True,
