@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from genrm_serve.config import GenRMConfigError, InstanceSpec
@@ -55,7 +55,6 @@ class EngineRef:
     placement: EnginePlacement | None = None
     #: Name under which a re-created actor is registered (standalone mode).
     create_name: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def recreatable(self) -> bool:
