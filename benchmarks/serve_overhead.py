@@ -6,7 +6,8 @@ engine* with no delay (it answers at once), so what is measured is the path, not
 * ``direct``: ``await worker.generate.remote(request)`` from this process to an engine actor of
   the same spec (what the service itself does per request);
 * ``http``: ``POST /genrm/generate`` with a raw ``httpx.AsyncClient`` (client overhead is
-  measured separately in ``client_overhead.py``);
+  measured separately in ``client_overhead.py``); ``http xNp`` spreads the same load over N
+  processes, because one httpx pool itself slows down past ~100 connections;
 * ``batch``: ``POST /genrm/generate_batch`` with batches of 64, reported as judgments/s, beside
   ``direct-many`` (``worker.generate_many.remote`` with the same batches).
 
@@ -20,11 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import multiprocessing
 import os
 import socket
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -75,6 +79,73 @@ async def _run(
     p50 = statistics.median(latencies) * 1000
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000
     return units / elapsed, p50, p99, units
+
+
+def _http_load(
+    url: str, path: str, body: dict[str, Any], concurrency: int, total: int
+) -> list[float]:
+    """One load-generator process: ``total`` POSTs, ``concurrency`` at a time; latencies (s)."""
+
+    async def go() -> list[float]:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
+
+            async def one() -> int:
+                r = await client.post(path, json=body)
+                r.raise_for_status()
+                return 1
+
+            lat: list[float] = []
+            remaining = total
+
+            async def worker() -> None:
+                nonlocal remaining
+                while remaining > 0:
+                    remaining -= 1
+                    t0 = time.perf_counter()
+                    await one()
+                    lat.append(time.perf_counter() - t0)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return lat
+
+    return asyncio.run(go())
+
+
+def _http_multi(
+    url: str,
+    path: str,
+    body: dict[str, Any],
+    units_per_call: int,
+    conc: int,
+    total: int,
+    procs: int,
+) -> tuple[float, float, float, int]:
+    """The HTTP load spread over ``procs`` processes: one httpx pool slows down past ~100
+    connections (its pool is scanned per request), which would measure the client, not us."""
+    with concurrent.futures.ProcessPoolExecutor(
+        procs, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
+        list(
+            pool.map(
+                _http_load, [url] * procs, [path] * procs, [body] * procs, [2] * procs, [4] * procs
+            )
+        )
+        start = time.perf_counter()
+        parts = list(
+            pool.map(
+                _http_load,
+                [url] * procs,
+                [path] * procs,
+                [body] * procs,
+                [conc // procs] * procs,
+                [total // procs] * procs,
+            )
+        )
+        elapsed = time.perf_counter() - start
+    lat = sorted(x for part in parts for x in part)
+    n = len(lat) * units_per_call
+    return n / elapsed, statistics.median(lat) * 1000, lat[int(0.99 * (len(lat) - 1))] * 1000, n
 
 
 def _row(name: str, conc: int, res: tuple[float, float, float, int], unit: str) -> None:
@@ -133,10 +204,19 @@ async def main_async(args: argparse.Namespace) -> None:
             total = args.requests if conc > 1 else max(200, args.requests // 10)
             _row("direct", conc, await _run(direct, conc, total), "req/s")
             _row("http", conc, await _run(http, conc, total), "req/s")
+            if conc > 1:
+                res = await asyncio.to_thread(
+                    _http_multi, sargs.url, "/generate", BODY, 1, conc, total, args.procs
+                )
+                _row(f"http x{args.procs}p", conc, res, "req/s")
         for conc in (1, 4, 16):
             total = max(conc * 4, args.batches)
             _row("direct-many", conc, await _run(direct_many, conc, total), "judgments/s")
             _row("batch", conc, await _run(batch, conc, total), "judgments/s")
+        res = await asyncio.to_thread(
+            _http_multi, sargs.url, "/generate_batch", batch_body, 64, 16, args.batches, args.procs
+        )
+        _row(f"batch x{args.procs}p", 16, res, "judgments/s")
 
 
 def main() -> None:
@@ -144,6 +224,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="requests per point")
     parser.add_argument("--batches", type=int, default=60, help="batches of 64 per point")
     parser.add_argument("--num-cpus", type=int, default=4, help="logical CPUs of the local Ray")
+    parser.add_argument(
+        "--procs", type=int, default=4, help="load-generator processes for the http xNp rows"
+    )
     args = parser.parse_args()
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     try:
