@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-cpus", type=int, default=None, help="CPUs of the local Ray (when starting one)"
     )
     run.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="start Ray's dashboard with the local Ray (off by default: ~0.4 GB)",
+    )
+    run.add_argument(
         "--ready-timeout",
         type=float,
         default=1800.0,
@@ -199,7 +204,7 @@ def _resolve_run(
     return instances, args
 
 
-def _init_ray(address: str | None, num_cpus: int | None = None) -> None:
+def _init_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Started with `uv run`, Ray 2.60 would ship the current directory to every worker and
     # start them with `uv run` there (slow, and fatal outside the project): use this venv.
@@ -210,12 +215,12 @@ def _init_ray(address: str | None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, namespace="genrm")
     else:
-        ray.init(address="local", num_cpus=num_cpus, namespace="genrm")
+        ray.init(address="local", num_cpus=num_cpus, namespace="genrm", include_dashboard=dashboard)
 
 
 def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     instances, args = _resolve_run(parser, ns)
-    _init_ray(None, ns.num_cpus)
+    _init_ray(None, ns.num_cpus, ns.dashboard)
     from ray import serve
 
     from genrm_serve.app import build_app, deploy, wait_until_healthy
