@@ -24,7 +24,6 @@ import ray
 from genrm_client.types import DEFAULT_ROUTE_KEY
 from genrm_serve.app import build_app, deploy, wait_until_healthy
 from genrm_serve.config import build_instances
-from genrm_serve.engine_refs import EngineRef
 from genrm_serve.serve_args import ServeArgs
 
 API_KEY = "test-secret"
@@ -75,7 +74,7 @@ def solo(serve_port: int) -> Iterator[tuple[ServeArgs, Any]]:
     )
     spec = instances[DEFAULT_ROUTE_KEY]
     # Created here, as rl-core does, with Ray's own restart policy instead of a placement.
-    handle = create_engine_worker(spec, 0, num_cpus=0.1, max_restarts=-1)
+    handle = create_engine_worker(spec, 0, num_cpus=0.1, max_restarts=-1, name="solo-judge-0")
     args = ServeArgs(
         port=serve_port,
         app_name="solo",
@@ -85,7 +84,8 @@ def solo(serve_port: int) -> Iterator[tuple[ServeArgs, Any]]:
         health_check_period_s=0.5,
         request_timeout_s=2.5,
     )
-    app = build_app(instances, engines={DEFAULT_ROUTE_KEY: [EngineRef(handle=handle)]}, args=args)
+    # Passed by name, as a caller that created its actors elsewhere may do.
+    app = build_app(instances, engines={DEFAULT_ROUTE_KEY: ["solo-judge-0"]}, args=args)
     deploy(app, args)
     wait_until_healthy(args, 120)
     yield args, handle

@@ -43,7 +43,8 @@ class EnginePlacement:
 class EngineRef:
     """One engine actor of an instance.
 
-    ``handle`` or ``name`` (looked up in ``namespace``) finds a running actor. With ``placement``
+    ``handle`` or ``name`` (looked up in ``namespace``; None = the caller's namespace when the
+    ref came from a bare name) finds a running actor. With ``placement``
     given, the service re-creates the engine there when the actor dies (``ray.kill``, a crash);
     without it, the service waits for Ray to restart the actor (``max_restarts``) and rejoins it.
     In standalone mode ``handle`` starts as None and the service creates the actor itself.
@@ -65,8 +66,12 @@ def normalize_engines(
     instances: Mapping[str, InstanceSpec],
     engines: Mapping[str, Sequence[EngineSource]] | None,
 ) -> dict[str, list[EngineRef]]:
-    """Turn the caller's engines into refs; reject a route_key that no instance declares."""
+    """Turn the caller's engines into refs; reject a route_key that no instance declares.
+
+    A bare actor name is looked up in the caller's Ray namespace (the ingress runs in Serve's).
+    """
     out: dict[str, list[EngineRef]] = {}
+    namespace = _caller_namespace()
     for key, items in (engines or {}).items():
         if key not in instances:
             raise GenRMConfigError(
@@ -78,7 +83,7 @@ def normalize_engines(
             if isinstance(item, EngineRef):
                 refs.append(item)
             elif isinstance(item, str):
-                refs.append(EngineRef(name=item))
+                refs.append(EngineRef(name=item, namespace=namespace))
             else:
                 refs.append(EngineRef(handle=item))
         if not refs:
@@ -93,6 +98,17 @@ def normalize_engines(
             )
         out[key] = refs
     return out
+
+
+def _caller_namespace() -> str | None:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.get_runtime_context().namespace)
+    except Exception:  # no Ray here: the name is looked up as given
+        logger.debug("no Ray namespace to resolve actor names in", exc_info=True)
+    return None
 
 
 def instance_bundles(
