@@ -144,7 +144,7 @@ def test_the_installed_command_exits_2_and_has_help() -> None:
 
 
 @pytest.mark.slow
-def test_run_serves_two_instances_until_interrupted(tmp_path: Path, unused_port: int) -> None:
+def test_run_serves_two_instances_until_shutdown(tmp_path: Path, unused_port: int) -> None:
     port = unused_port
     config = tmp_path / "judges.yaml"
     config.write_text(
