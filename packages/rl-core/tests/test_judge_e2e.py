@@ -1,0 +1,276 @@
+"""GRPO steps whose rewards come from the real judge service (Ray Serve, HTTP on loopback).
+
+The judge is genrm-serve's scripted *test engine* behind the real service, and the reward is the
+real dapo-genrm function through genrm-client: verdicts are known in advance (reply "1" when the
+quoted model answer starts with a vowel or a digit), so the test can check that rewards vary,
+advantages follow them, judge failures are masked, and the defer-swap hook sleeps and wakes the
+judge through the service.
+"""
+
+import json
+import os
+import socket
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rl_core.backends.base import BackendConfig
+from rl_core.backends.torch_hf import TorchHFBackend
+from rl_core.config import TrainConfig
+from rl_core.data import load_prompt_data, make_easy_math
+from rl_core.engines import LocalEngineHandle
+from rl_core.grpo.loss import LossConfig
+from rl_core.launch import HttpJudgeSleeper
+from rl_core.metrics import PhaseClock, read_metrics
+from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, default_phases
+from rl_core.rewards import defer_swap_post_process
+from rl_core.trainer import GRPOTrainer, RewardSetup
+
+pytestmark = pytest.mark.slow
+# genrm-rewards (dapo-genrm) arrives from its own branch; until it is merged these are skipped.
+pytest.importorskip("genrm_rewards.dapo_genrm")
+
+FIRST_CHARS = "aeiou0123456789"
+
+
+def _script(**kw):
+    return "scripted:" + json.dumps(kw)
+
+
+@pytest.fixture(scope="module")
+def judge():
+    """A local Ray + the judge service: a good judge, a flaky one (fails every micro-batch that
+    quotes a line starting with "q") and one that is down."""
+    import ray
+    from ray import serve
+
+    from genrm_serve.app import build_app, deploy, wait_until_healthy
+    from genrm_serve.config import build_instances
+    from genrm_serve.serve_args import ServeArgs
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    replies = {f"| {c}": "1" for c in FIRST_CHARS}
+    instances = build_instances(
+        instances={
+            "__default__": {"model_path": _script(default="0", replies=replies), "num_gpus": 1},
+            "flaky": {
+                "model_path": _script(default="0", replies=replies, fail_when_contains="| q"),
+                "num_gpus": 1,
+            },
+            "down": {"model_path": _script(default="1", fail_every=1), "num_gpus": 1},
+        },
+        engine="scripted",
+    )
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    old = {k: os.environ.get(k) for k in ("GENRM_URL", "GENRM_MAX_RETRIES")}
+    try:
+        args = ServeArgs(port=port, api_key=None, engine_num_cpus=0.1)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        deploy(build_app(instances, args=args), args)
+        wait_until_healthy(args, 120)
+        os.environ["GENRM_URL"] = args.url
+        os.environ["GENRM_MAX_RETRIES"] = "0"
+        yield args.url
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    with path.open("w") as f:
+        for r in make_easy_math(8, seed=1, shots=1):
+            f.write(json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}))
+            f.write("\n")
+    return path
+
+
+async def _trainer(cfg, model_path, tokenizer, make_engine, url, reward_args, *, mode):
+    import genrm_rewards
+    from genrm_rewards.defer import score_deferred
+
+    engine = make_engine(model_path)
+    await engine.start()
+    handle = LocalEngineHandle(engine)
+    backend = TorchHFBackend(
+        model_path,
+        BackendConfig(
+            lr=cfg.lr, temperature=cfg.rollout_temperature, seed=cfg.seed, loss=LossConfig()
+        ),
+    )
+    judge = HttpJudgeSleeper(url, "__default__")
+    phases = PhaseMachine(
+        default_phases(mode, ["__default__"]),
+        {
+            "rollout": GroupSleeper([handle]),
+            "genrm:__default__": judge,
+            "actor": CallbackSleeper(backend.offload, backend.onload),
+        },
+    )
+    if cfg.defer_reward_to_post_process:
+        rewards = RewardSetup(
+            args=reward_args,
+            reward_key="score",
+            inline_fn=None,
+            batch_fn=score_deferred,
+            post_process=defer_swap_post_process,
+        )
+    else:
+        rewards = RewardSetup(
+            args=reward_args,
+            reward_key="score",
+            inline_fn=genrm_rewards.get_reward_fn("dapo-genrm"),
+        )
+    trainer = GRPOTrainer(
+        cfg,
+        backend=backend,
+        tokenizer=tokenizer,
+        rollout_engines=[handle],
+        phases=phases,
+        rewards=rewards,
+        train_data=load_prompt_data(cfg.prompt_data),
+        mode=mode,
+        clock=PhaseClock(show=False),
+    )
+    return trainer, engine, backend
+
+
+def _cfg(tmp_path, data, **kw):
+    base = dict(
+        hf_checkpoint="unused",
+        prompt_data=str(data),
+        rm_type="dapo-genrm",
+        num_rollout=2,
+        rollout_batch_size=4,
+        n_samples_per_prompt=4,
+        rollout_max_response_len=5,
+        rollout_temperature=1.5,
+        lr=1e-3,
+        seed=3,
+        run_dir=str(tmp_path / "run"),
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+async def test_two_steps_with_judge_rewards(
+    judge, tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    cfg = _cfg(tmp_path, data_file)
+    args = SimpleNamespace(rule_gate=False, verdict_cache=False, genrm_route_key="flaky")
+    trainer, engine, backend = await _trainer(
+        cfg,
+        tiny_model_path,
+        char_tokenizer,
+        test_engine_factory,
+        judge,
+        args,
+        mode="colocate-split",
+    )
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    batches = []
+    orig = trainer.finish_step
+
+    async def spy(step, batch, times, **kw):
+        batches.append(batch)
+        await orig(step, batch, times, **kw)
+
+    trainer.finish_step = spy
+    await trainer.run()
+
+    samples = [s for b in batches for s in b]
+    for s in samples:  # every verdict is the judge's, and it follows the script
+        if s.status == "judge_error":
+            # the test engine fails a whole micro-batch when one request in it quotes "q"
+            assert "request contains '| q'" in s.reward_details["error"]
+            assert s.reward is None and not s.in_loss and s.advantage == 0.0
+            continue
+        assert s.status == "ok" and s.reward_details["route_key"] == "flaky"
+        # the judge saw the answer quoted line by line ("| ..."); the script says 1 when a
+        # quoted line starts with one of FIRST_CHARS
+        from genrm_rewards.dapo_genrm import build_messages
+
+        block = build_messages("q", s.label, s.response)[0]["content"]
+        expected = 1.0 if any(f"| {c}" in block for c in FIRST_CHARS) else 0.0
+        assert s.reward == expected, s.response
+    assert {s.reward for s in samples} >= {0.0, 1.0}
+    varied = [
+        b
+        for b in batches
+        for g in {s.group_id for s in b}
+        if len({s.reward for s in b if s.group_id == g and s.reward is not None}) > 1
+    ]
+    assert varied, "no group with differing rewards"
+    assert all(
+        s.advantage != 0.0
+        for b in batches
+        for s in b
+        if s.reward is not None
+        and len({x.reward for x in b if x.group_id == s.group_id and x.reward is not None}) > 1
+    )
+    assert engine.weight_version == 2
+    assert any(not torch.equal(v, before[k]) for k, v in backend.model.state_dict().items())
+    records = read_metrics(cfg.run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["verdicts/judge"] + r.get("verdicts/judge_error", 0) == 16 for r in records)
+
+
+async def test_failing_judge_masks_then_aborts(
+    judge, tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    from rl_core.rewards import JudgeFailureError
+
+    cfg = _cfg(tmp_path, data_file, num_rollout=1)
+    args = SimpleNamespace(rule_gate=False, verdict_cache=False, genrm_route_key="down")
+    trainer, _, _ = await _trainer(
+        cfg,
+        tiny_model_path,
+        char_tokenizer,
+        test_engine_factory,
+        judge,
+        args,
+        mode="colocate-split",
+    )
+    with pytest.raises(JudgeFailureError, match="16 of 16 samples have no reward"):
+        await trainer.run()
+
+
+async def test_defer_swap_through_the_service(
+    judge, tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    import httpx
+
+    cfg = _cfg(
+        tmp_path, data_file, num_rollout=1, rm_type="dummy", defer_reward_to_post_process=True
+    )
+    args = SimpleNamespace(rule_gate=False, verdict_cache=False, deferred_rm_type="dapo-genrm")
+    trainer, engine, _ = await _trainer(
+        cfg,
+        tiny_model_path,
+        char_tokenizer,
+        test_engine_factory,
+        judge,
+        args,
+        mode="colocate-defer-swap",
+    )
+    history = await trainer.run()
+    log = [(p, w, a) for p, w, a in trainer.phases.log]
+    assert log.index(("reward", "rollout", "sleep")) < log.index(
+        ("reward", "genrm:__default__", "wake")
+    )
+    assert ("reward-done", "genrm:__default__", "sleep") in log
+    assert history[0].metrics["verdicts/judge"] >= 1
+    assert engine.state == "awake" and engine.weight_version == 1
+    async with httpx.AsyncClient() as c:  # the service saw the judge sleep again
+        metrics = (await c.get(f"{judge}/metrics")).text
+    assert "asleep" in metrics or "sleep" in metrics
+    await HttpJudgeSleeper(judge, "__default__").wake()

@@ -1,0 +1,83 @@
+"""``rl-core train`` end to end from flags: local Ray, the judge service (scripted test engine
+behind real Ray Serve + HTTP), genrm-serve's hf engine as the rollout engine (tiny random model),
+dapo-genrm rewards, GRPO steps, evaluation, checkpoint, metrics and plots."""
+
+import json
+
+import pytest
+
+from rl_core.config import parse_train_args
+from rl_core.data import make_easy_math
+from rl_core.launch import run_training
+from rl_core.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+# genrm-rewards (dapo-genrm) arrives from its own branch; until it is merged these are skipped.
+pytest.importorskip("genrm_rewards.dapo_genrm")
+
+
+def _write(path, records):
+    with path.open("w") as f:
+        for r in records:
+            f.write(json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}))
+            f.write("\n")
+    return path
+
+
+async def test_train_two_steps_from_flags(tmp_path):
+    from genrm_serve.testing import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "policy")
+    train = _write(tmp_path / "train.jsonl", make_easy_math(8, seed=1, shots=1))
+    evals = _write(tmp_path / "eval.jsonl", make_easy_math(4, seed=2, shots=1))
+    replies = {f"| {c}": "1" for c in "aeiou0123456789"}
+    judge = {
+        "__default__": {
+            "model_path": "scripted:" + json.dumps({"default": "0", "replies": replies}),
+            "num_gpus": 1,
+            "engine": "scripted",
+        }
+    }
+    cfg, ns = parse_train_args(
+        [
+            "--hf-checkpoint",
+            str(model),
+            "--prompt-data",
+            str(train),
+            "--eval-prompt-data",
+            str(evals),
+            "--eval-interval",
+            "2",
+            "--rm-type",
+            "dapo-genrm",
+            "--genrm-instances",
+            json.dumps(judge),
+            "--num-rollout",
+            "2",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "6",
+            "--rollout-temperature",
+            "1.2",
+            "--lr",
+            "1e-3",
+            "--use-tis",
+            "--save",
+            str(tmp_path / "ckpt"),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--colocate",
+        ]
+    )
+    assert await run_training(cfg, ns) == 0
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["verdicts/judge"] == 8 for r in records)  # every reward came from the judge
+    assert records[-1]["weights/version"] == 2
+    assert records[-1]["eval/samples"] == 4
+    for name in ("reward.png", "accuracy.png", "length.png", "config.json"):
+        assert (tmp_path / "run" / name).is_file()
+    assert (tmp_path / "ckpt" / "latest").read_text() == "step_000002"
