@@ -167,14 +167,14 @@ def resolve_plan(ns: Any, cfg: TrainConfig) -> tuple[str, dict[str, dict[str, An
 
 
 def _reward_setup(cfg: TrainConfig) -> RewardSetup:
-    import genrm_rewards
+    from genrm_rewards.registry import load_custom, resolve_reward_fn
 
     if cfg.defer_reward_to_post_process:
         from genrm_rewards.defer import score_deferred
 
         hook: PostProcessHook = defer_swap_post_process
         if cfg.custom_reward_post_process_path:
-            user_hook = genrm_rewards.load_custom(cfg.custom_reward_post_process_path)
+            user_hook = load_custom(cfg.custom_reward_post_process_path)
             hook = custom_post_process(user_hook)
         return RewardSetup(
             args=cfg,
@@ -187,7 +187,7 @@ def _reward_setup(cfg: TrainConfig) -> RewardSetup:
     return RewardSetup(
         args=cfg,
         reward_key=cfg.reward_key,
-        inline_fn=genrm_rewards.resolve_reward_fn(cfg),
+        inline_fn=resolve_reward_fn(cfg),
         concurrency=cfg.reward_concurrency,
     )
 
