@@ -37,6 +37,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     records = read_metrics(run_dir)
     out = Path(out_dir) if out_dir is not None else Path(run_dir)
@@ -58,6 +59,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
                         [y + s for y, s in zip(ys, sd, strict=True)],
                         alpha=0.2,
                     )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
