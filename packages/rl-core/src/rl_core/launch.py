@@ -259,6 +259,12 @@ async def run_training(cfg: TrainConfig, ns: Any, console: Console | None = None
             stack.callback(serve.shutdown)
             await asyncio.to_thread(wait_until_healthy, sargs, 1800.0)
             os.environ["GENRM_URL"] = sargs.url
+            # reward functions use genrm-client's process-wide client, which reads GENRM_URL
+            # when it is created: drop any made before this service existed, and close ours last
+            from genrm_client import close_genrm_clients
+
+            await close_genrm_clients()
+            stack.push_async_callback(close_genrm_clients)
             console.print(f"[bold]judge service[/]: {sargs.url} ({', '.join(instances)})")
             for key in instances:
                 participants[f"genrm:{key}"] = HttpJudgeSleeper(sargs.url, key)
