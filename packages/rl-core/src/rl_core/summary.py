@@ -47,36 +47,21 @@ def render_summary(
     console.print(times)
 
     steps = Table(title="what each step learned from")
-    for col in (
-        "step",
-        "reward mean",
-        "reward std",
-        "acc",
-        "judge errors",
-        "unparsed",
-        "adv ≠ 0",
-        "kl",
-        "clipfrac",
-        "entropy",
-        "resp len",
-        "weights v",
-    ):
+    # short headers, few columns: readable in an 80-column terminal (the rest is in metrics.jsonl)
+    for col in ("step", "reward", "±std", "acc", "judge err", "adv≠0", "kl", "clip", "len"):
         steps.add_column(col, justify="right")
     for h in history:
         m = h.metrics
         steps.add_row(
             str(h.step),
-            _fmt(m.get("rollout/reward_mean")),
-            _fmt(m.get("rollout/reward_std")),
-            _fmt(m.get("rollout/acc_mean")),
+            _fmt(m.get("rollout/reward_mean"), 2),
+            _fmt(m.get("rollout/reward_std"), 2),
+            _fmt(m.get("rollout/acc_mean"), 2),
             _fmt(m.get("rollout/judge_errors")),
-            _fmt(m.get("rollout/unparsed")),
             f"{m.get('adv/nonzero', 0)}/{m.get('rollout/samples', 0)}",
             _fmt(m.get("train/kl"), 4),
-            _fmt(m.get("train/clipfrac")),
-            _fmt(m.get("train/entropy")),
+            _fmt(m.get("train/clipfrac"), 2),
             _fmt(m.get("rollout/response_len_mean"), 1),
-            _fmt(m.get("weights/version")),
         )
     console.print(steps)
 
