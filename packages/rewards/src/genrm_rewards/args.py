@@ -41,6 +41,10 @@ class RewardArgs(BaseModel):
     lenient_verdict: bool = False
     #: the policy's answer is cut to this many characters before it reaches the judge prompt.
     max_answer_chars: int = Field(default=2000, ge=16)
+    #: cap on a whole response quoted to a judge (dual safety judge, agentic step texts).
+    max_response_chars: int = Field(default=8000, ge=16)
+    #: defer mode (``--rm-type dummy``): the reward the post-process hook scores the batch with.
+    deferred_rm_type: str = "dapo-genrm"
     #: dual judges: the two instances and how their verdicts combine into one score.
     dual_quality_route_key: str = "quality"
     dual_safety_route_key: str = "safety"

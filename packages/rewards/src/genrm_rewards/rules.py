@@ -1,4 +1,4 @@
-"""Rule-based answer checking with math-verify, safe to call from async code.
+"""Rule-based answer checking with math-verify, safe to call from async code (and ``math``).
 
 math-verify guards its parsing and comparison with ``signal.alarm``, which raises outside the
 main thread (Ray actors, FastAPI handlers, thread pools) and cannot be used from an event loop.
@@ -18,7 +18,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["math_equal", "math_equal_sync"]
+from genrm_rewards.args import resolve_args
+from genrm_rewards.samples import extract_answer, label_of, response_of
+from genrm_rewards.types import RewardResult, SampleLike
+
+__all__ = ["compute_score", "math_equal", "math_equal_sync"]
 
 _POOL_WORKERS = 2
 _pool: ThreadPoolExecutor | None = None
@@ -80,3 +84,25 @@ async def math_equal(gold: str, pred: str, *, timeout_s: float) -> bool | None:
         )
     except TimeoutError:
         return None
+
+
+async def compute_score(args: Any, sample: SampleLike) -> RewardResult:
+    """``--rm-type math``: 1.0 when math-verify proves the extracted answer equals the label.
+
+    No judge: ``status`` is ``"ok"`` with score 1.0 or 0.0, or ``"judge_error"`` (score
+    ``None``) when the check overran ``rule_timeout_s`` — an undecided check is not a 0.
+    """
+    settings = resolve_args(args)
+    label = label_of(sample)
+    answer = extract_answer(response_of(sample))[: settings.max_answer_chars]
+    equal = await math_equal(label, answer, timeout_s=settings.rule_timeout_s)
+    if equal is None:
+        return {
+            "score": None,
+            "acc": None,
+            "pred": answer.strip()[:200],
+            "status": "judge_error",
+            "error": f"math-verify did not finish within rule_timeout_s={settings.rule_timeout_s}",
+        }
+    score = 1.0 if equal else 0.0
+    return {"score": score, "acc": int(score), "pred": answer.strip()[:200], "status": "ok"}

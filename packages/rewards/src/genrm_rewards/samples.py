@@ -14,7 +14,17 @@ from typing import Any
 from genrm_rewards.errors import RewardInputError
 from genrm_rewards.types import SampleLike
 
-__all__ = ["label_of", "question_of", "response_of"]
+__all__ = ["extract_answer", "label_of", "question_of", "response_of"]
+
+#: Without an ``Answer:`` line, the judged answer is the response's tail of this length.
+ANSWER_TAIL_CHARS = 300
+
+
+def extract_answer(response: str) -> str:
+    """The text after the last ``Answer:``; without one, the last 300 characters."""
+    if "Answer:" in response:
+        return response.rsplit("Answer:", 1)[1]
+    return response[-ANSWER_TAIL_CHARS:]
 
 
 def _prompt_user_text(prompt: Any) -> str:

@@ -104,7 +104,7 @@ class JudgeClient(Protocol):
 
 
 RewardFn = Callable[[Any, SampleLike], Awaitable[Mapping[str, Any]]]
-BatchRewardFn = Callable[[Any, Sequence[SampleLike]], Awaitable[list[Mapping[str, Any]]]]
+BatchRewardFn = Callable[[Any, Sequence[SampleLike]], Awaitable[Sequence[Mapping[str, Any]]]]
 
 
 def judge_error_result(err: BaseException, *, route_key: str | None = None) -> RewardResult:
