@@ -73,7 +73,9 @@ class JudgeDouble:
         out: list[GenerateResponse | GenRMError] = []
         for req in requests:
             messages = [m.model_dump() for m in req.messages]
-            params = req.sampling_params.model_dump(exclude_none=True) if req.sampling_params else None
+            params = (
+                req.sampling_params.model_dump(exclude_none=True) if req.sampling_params else None
+            )
             self.calls.append((messages, req.route_key, params))
             reply = self._answer(messages, req.route_key)
             out.append(reply if isinstance(reply, GenRMError) else GenerateResponse(response=reply))

@@ -33,7 +33,10 @@ def test_argparse_none_means_default_and_json_strings_parse() -> None:
         ({"dual_combine": "avg"}, r"args.dual_combine='avg' is invalid.*'product'"),
         ({"max_answer_chars": 3}, r"args.max_answer_chars=3 is invalid.*greater than or equal"),
         ({"reward_sampling_params": '{"max_tokens": 4}'}, r"reward_sampling_params.max_tokens"),
-        ({"agentic_route_keys": "{plan: x}"}, r"args.agentic_route_keys='\{plan: x\}' is not valid"),
+        (
+            {"agentic_route_keys": "{plan: x}"},
+            r"args.agentic_route_keys='\{plan: x\}' is not valid",
+        ),
     ],
 )
 def test_bad_values_are_named(kwargs: dict[str, object], message: str) -> None:

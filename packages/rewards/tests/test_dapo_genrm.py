@@ -11,6 +11,7 @@ from genrm_client._exceptions import (
     GenRMTimeoutError,
     UnknownRouteKeyError,
 )
+from genrm_client.types import GenerateRequest, GenerateResponse
 from genrm_rewards import RewardInputError, dapo_genrm
 from genrm_rewards.dapo_genrm import compute_score, compute_score_batch
 from rewards_doubles import Args, JudgeDouble, Sample, answer_block, prompt_text
@@ -123,7 +124,9 @@ async def test_cache_off_calls_every_time() -> None:
 
 async def test_concurrent_same_answer_shares_one_in_flight_call() -> None:
     judge = JudgeDouble("1", delay_s=0.05)
-    results = await asyncio.gather(*(compute_score(Args(), sample(), client=judge) for _ in range(8)))
+    results = await asyncio.gather(
+        *(compute_score(Args(), sample(), client=judge) for _ in range(8))
+    )
     assert [r["score"] for r in results] == [1.0] * 8
     assert sorted(r["cache"] for r in results) == ["hit"] * 7 + ["miss"]
     assert len(judge.calls) == 1
@@ -175,14 +178,18 @@ async def test_batch_per_item_failure_only_hits_its_samples() -> None:
     judge = JudgeDouble(
         lambda m, r: GenRMTimeoutError("slow") if "| 41" in answer_block(m) else "1"
     )
-    results = await compute_score_batch(Args(), [sample("42"), sample("41"), sample("41")], client=judge)
+    results = await compute_score_batch(
+        Args(), [sample("42"), sample("41"), sample("41")], client=judge
+    )
     assert [r["status"] for r in results] == ["ok", "judge_error", "judge_error"]
     assert [r["score"] for r in results] == [1.0, None, None]
 
 
 async def test_batch_whole_call_failure() -> None:
     class Down(JudgeDouble):
-        async def generate_batch(self, requests: object) -> list[object]:  # type: ignore[override]
+        async def generate_batch(
+            self, requests: list[GenerateRequest]
+        ) -> list[GenerateResponse | GenRMError]:
             raise GenRMConnectionError("connection refused")
 
     results = await compute_score_batch(Args(), [sample("1"), sample("2")], client=Down())
@@ -200,7 +207,9 @@ async def test_batch_bad_sample_fails_before_any_call() -> None:
 async def test_batch_with_gate_and_no_cache() -> None:
     judge = JudgeDouble("0")
     args = Args(rule_gate=True, verdict_cache=False)
-    results = await compute_score_batch(args, [sample("42"), sample("41"), sample("41")], client=judge)
+    results = await compute_score_batch(
+        args, [sample("42"), sample("41"), sample("41")], client=judge
+    )
     assert [r["gate"] for r in results] == ["hit", "miss", "miss"]
     assert [r["cache"] for r in results] == ["off", "off", "off"]
     assert len(judge.calls) == 2
