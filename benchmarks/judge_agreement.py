@@ -9,7 +9,7 @@ math-verify alone against the labels (no judge at all), which is what the gate r
     # math-verify alone (no service needed)
     python benchmarks/judge_agreement.py --rule-only
     # a running service
-    python benchmarks/judge_agreement.py --url http://127.0.0.1:8000 [--route-key K] [--rule-gate]
+    python benchmarks/judge_agreement.py --url http://127.0.0.1:8000/genrm [--route-key K] [--rule-gate]
     # start genrm-serve in-process on a free port (needs genrm-serve)
     python benchmarks/judge_agreement.py --model gemma3-270m --engine hf [--rule-gate]
 
@@ -202,7 +202,7 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--url", help="base URL of a running genrm-serve (e.g. http://127.0.0.1:8000)"
+        "--url", help="base URL of a running genrm-serve (e.g. http://127.0.0.1:8000/genrm)"
     )
     parser.add_argument("--model", default="gemma3-270m", help="judge model when starting serve")
     parser.add_argument("--engine", default="hf", help="engine when starting serve")

@@ -45,6 +45,16 @@ class JudgeDouble:
         self.delay_s = delay_s
         self.calls: list[tuple[list[dict[str, str]], str | None, dict[str, Any] | None]] = []
         self.batch_calls = 0
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most calls this double was answering at the same time
+
+    async def _wait(self) -> None:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
 
     def _answer(self, messages: list[dict[str, str]], route_key: str | None) -> Reply:
         script = self._script
@@ -57,8 +67,7 @@ class JudgeDouble:
         route_key: str | None = None,
     ) -> str:
         self.calls.append((messages, route_key, sampling_params))
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        await self._wait()
         reply = self._answer(messages, route_key)
         if isinstance(reply, GenRMError):
             raise reply
@@ -68,8 +77,7 @@ class JudgeDouble:
         self, requests: list[GenerateRequest]
     ) -> list[GenerateResponse | GenRMError]:
         self.batch_calls += 1
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        await self._wait()
         out: list[GenerateResponse | GenRMError] = []
         for req in requests:
             messages = [m.model_dump() for m in req.messages]

@@ -133,7 +133,7 @@ async def test_concurrent_same_answer_shares_one_in_flight_call() -> None:
 
 
 async def test_cancelled_owner_does_not_cancel_waiters() -> None:
-    judge = JudgeDouble("1", delay_s=0.1)
+    judge = JudgeDouble("1", delay_s=0.5)
     owner = asyncio.create_task(compute_score(Args(), sample(), client=judge))
     await asyncio.sleep(0.01)
     waiter = asyncio.create_task(compute_score(Args(), sample(), client=judge))
@@ -213,3 +213,12 @@ async def test_batch_with_gate_and_no_cache() -> None:
     assert [r["gate"] for r in results] == ["hit", "miss", "miss"]
     assert [r["cache"] for r in results] == ["off", "off", "off"]
     assert len(judge.calls) == 2
+
+
+async def test_big_batch_goes_out_in_concurrent_chunks() -> None:
+    judge = JudgeDouble("1", delay_s=0.05)
+    group = [sample(str(i)) for i in range(10)]
+    results = await compute_score_batch(Args(judge_batch_size=4), group, client=judge)
+    assert [r["score"] for r in results] == [1.0] * 10
+    assert judge.batch_calls == 3  # 4 + 4 + 2
+    assert judge.max_in_flight == 3  # sent concurrently, not one after the other

@@ -129,6 +129,7 @@ async def compute_score(
         calls,
         sampling_params=settings.reward_sampling_params,
         lenient=settings.lenient_verdict,
+        batch_size=settings.judge_batch_size,
     )
     step_reports: list[dict[str, Any]] = []
     for i, outcome in zip(judged, outcomes, strict=True):

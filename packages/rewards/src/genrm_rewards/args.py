@@ -37,6 +37,8 @@ class RewardArgs(BaseModel):
     #: reuse verdicts per (question, label, normalised answer, route) within the process.
     verdict_cache: bool = True
     verdict_cache_size: int = Field(default=65536, ge=1)
+    #: most requests per ``generate_batch`` call; bigger batches go out as concurrent chunks.
+    judge_batch_size: int = Field(default=64, ge=1)
     #: accept "1.", "**1**", "Yes", "Judgement: 0", ... as verdicts (strict "1"/"0" otherwise).
     lenient_verdict: bool = False
     #: the policy's answer is cut to this many characters before it reaches the judge prompt.

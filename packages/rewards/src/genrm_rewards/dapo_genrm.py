@@ -255,6 +255,7 @@ async def compute_score_batch(
             calls,
             sampling_params=settings.reward_sampling_params,
             lenient=settings.lenient_verdict,
+            batch_size=settings.judge_batch_size,
         )
     except BaseException as err:
         for key, (_, fut) in owned.items():

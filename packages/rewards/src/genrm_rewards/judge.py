@@ -7,6 +7,7 @@ becomes a ``"judge_error"`` result with score ``None`` — never 0 (see ``types`
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -105,8 +106,22 @@ async def judge_many(
     *,
     sampling_params: SamplingParams | None = None,
     lenient: bool = False,
+    batch_size: int = 64,
 ) -> list[JudgeOutcome]:
-    """Ask for many verdicts in one ``generate_batch`` call; failures are per item."""
+    """Ask for many verdicts through ``generate_batch``; failures are per item.
+
+    More than ``batch_size`` calls go out as concurrent chunks (one HTTP request each), so a
+    whole deferred rollout batch neither makes one giant request nor waits chunk after chunk.
+    """
+    if len(calls) > batch_size:
+        chunks = [calls[i : i + batch_size] for i in range(0, len(calls), batch_size)]
+        parts = await asyncio.gather(
+            *(
+                judge_many(client, c, sampling_params=sampling_params, lenient=lenient)
+                for c in chunks
+            )
+        )
+        return [outcome for part in parts for outcome in part]
     if not calls:
         return []
     requests = [
