@@ -9,7 +9,7 @@ math-verify alone against the labels (no judge at all), which is what the gate r
     # math-verify alone (no service needed)
     python benchmarks/judge_agreement.py --rule-only
     # a running service
-    python benchmarks/judge_agreement.py --url http://127.0.0.1:8000/genrm [--route-key K] [--rule-gate]
+    python benchmarks/judge_agreement.py --url http://127.0.0.1:8000/genrm [--rule-gate]
     # start genrm-serve in-process on a free port (needs genrm-serve)
     python benchmarks/judge_agreement.py --model gemma3-270m --engine hf [--rule-gate]
 
