@@ -104,3 +104,13 @@ def test_register_rejects_sync_and_duplicates() -> None:
         register("sync-one", sync_fn)  # type: ignore[arg-type]
     with pytest.raises(RewardConfigError, match="already registered"):
         register("dapo-genrm", compute_score)
+
+
+async def test_score_deferred_uses_the_configured_reward() -> None:
+    from genrm_rewards.defer import score_deferred
+
+    samples = [Sample(response="Answer: 4", label="4"), Sample(response="Answer: 5", label="4")]
+    results = await score_deferred(Args(deferred_rm_type="math"), samples)
+    assert [(r["score"], r["status"]) for r in results] == [(1.0, "ok"), (0.0, "ok")]
+    with pytest.raises(ValueError, match="defer forever"):
+        await score_deferred(Args(deferred_rm_type="dummy"), samples)
