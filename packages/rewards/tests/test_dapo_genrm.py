@@ -50,6 +50,8 @@ async def test_judge_failure_is_judge_error_never_zero(error: GenRMError) -> Non
     assert result["status"] == "judge_error"
     assert result["score"] is None and result["acc"] is None
     assert type(error).__name__ in result["error"]
+    if isinstance(error, GenRMHTTPError):
+        assert f"({error.status})" in result["error"]
 
 
 async def test_failure_is_not_cached() -> None:

@@ -108,14 +108,16 @@ BatchRewardFn = Callable[[Any, Sequence[SampleLike]], Awaitable[Sequence[Mapping
 
 
 def judge_error_result(err: BaseException, *, route_key: str | None = None) -> RewardResult:
-    """A failed judge call: score ``None`` (never 0) and the error named."""
+    """A failed judge call: score ``None`` (never 0) and the error named (with its HTTP status)."""
+    status = getattr(err, "status", None)
+    name = f"{type(err).__name__}({status})" if isinstance(status, int) else type(err).__name__
     return {
         "score": None,
         "acc": None,
         "pred": None,
         "status": "judge_error",
         "route_key": route_key,
-        "error": f"{type(err).__name__}: {err}",
+        "error": f"{name}: {err}",
     }
 
 
