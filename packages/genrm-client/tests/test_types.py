@@ -1,8 +1,9 @@
 """The wire schema rejects what a user would otherwise lose silently."""
 
 import pytest
-from genrm_client.types import GenerateRequest, SamplingParams
 from pydantic import ValidationError
+
+from genrm_client.types import GenerateRequest, SamplingParams
 
 
 def test_unknown_sampling_key_is_named() -> None:

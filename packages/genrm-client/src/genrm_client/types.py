@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "DEFAULT_ROUTE_KEY",
+    "ERROR_TYPE_STATUS",
     "ErrorBody",
     "ErrorDetail",
     "FinishReason",
@@ -29,11 +30,34 @@ __all__ = [
 #: The route_key of the legacy single judge (``--genrm-model-path``) and of requests without one.
 DEFAULT_ROUTE_KEY = "__default__"
 
+#: ``ErrorDetail.type`` values the client understands, with the HTTP status the service answers
+#: them with (a per-item error inside ``generate_batch`` carries no status of its own; the client
+#: takes it from here). ``unknown_route_key`` → ``UnknownRouteKeyError``, ``overloaded`` →
+#: ``GenRMOverloadedError``, ``timeout`` → ``GenRMTimeoutError``; any other type (or one not listed)
+#: → ``GenRMHTTPError`` with this status (500 when not listed).
+ERROR_TYPE_STATUS: dict[str, int] = {
+    "invalid_request": 422,
+    "unknown_route_key": 404,
+    "overloaded": 503,
+    "unhealthy": 503,
+    "timeout": 504,
+    "engine_error": 500,
+    "internal": 500,
+}
+
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 class _Strict(BaseModel):
+    """What a client sends: an unknown key is a mistake to report, not to drop."""
+
     model_config = ConfigDict(extra="forbid")
+
+
+class _Reply(BaseModel):
+    """What the server sends: ignore fields a newer server adds, so old clients keep working."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 class Message(_Strict):
@@ -67,7 +91,7 @@ class GenerateRequest(_Strict):
     route_key: str | None = None
 
 
-class GenerateMeta(_Strict):
+class GenerateMeta(_Reply):
     """What the engine reports beside the text."""
 
     finish_reason: FinishReason | None = None
@@ -78,7 +102,7 @@ class GenerateMeta(_Strict):
     engine_latency_s: float | None = None
 
 
-class GenerateResponse(_Strict):
+class GenerateResponse(_Reply):
     """Body of a successful ``POST /genrm/generate``."""
 
     response: str
@@ -91,7 +115,7 @@ class GenerateBatchRequest(_Strict):
     requests: list[GenerateRequest] = Field(min_length=1)
 
 
-class ErrorDetail(_Strict):
+class ErrorDetail(_Reply):
     """What went wrong, for a machine and a person."""
 
     type: str
@@ -100,19 +124,19 @@ class ErrorDetail(_Strict):
     registered_route_keys: list[str] | None = None
 
 
-class ErrorBody(_Strict):
+class ErrorBody(_Reply):
     """Body of every non-2xx answer of the service: ``{"error": {...}}``."""
 
     error: ErrorDetail
 
 
-class GenerateBatchResponse(_Strict):
+class GenerateBatchResponse(_Reply):
     """One entry per request, in order: a response, or the error of that request alone."""
 
     results: list[GenerateResponse | ErrorBody]
 
 
-class InstanceHealth(_Strict):
+class InstanceHealth(_Reply):
     """Health of one judge instance (route_key)."""
 
     status: Literal["healthy", "degraded", "unhealthy", "asleep"]

@@ -1,0 +1,129 @@
+"""The one interface every judge (and rollout) engine implements.
+
+Engines are wrapped in plain Ray actors (``genrm_serve.engines.worker``), not Serve replicas, so
+that rl-core can place them into the placement-group bundles its plan gives them. The ingress
+only ever talks to that actor; an engine never sees HTTP.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from genrm_client.types import FinishReason, Message, SamplingParams
+from genrm_serve.config import InstanceSpec
+
+__all__ = [
+    "Engine",
+    "EngineAsleepError",
+    "EngineError",
+    "EngineOutput",
+    "EngineRequest",
+    "EngineState",
+    "PromptTooLongError",
+]
+
+EngineState = Literal["created", "loading", "awake", "asleep", "failed", "stopped"]
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a request (a retry on another engine may succeed)."""
+
+
+class EngineAsleepError(EngineError):
+    """The engine has released its memory (``sleep()``) and must be woken first."""
+
+
+class PromptTooLongError(EngineError):
+    """The prompt is longer than ``max_context_len``: refused before any compute (HTTP 413)."""
+
+    def __init__(self, prompt_tokens: int, max_context_len: int) -> None:
+        super().__init__(
+            f"prompt has {prompt_tokens} tokens, more than max_context_len={max_context_len}"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_context_len = max_context_len
+
+
+@dataclass
+class EngineRequest:
+    """One generation. ``sampling`` is already merged over the instance's defaults.
+
+    Either ``messages`` (chat; the engine applies the chat template with
+    ``sampling.chat_template_kwargs``) or ``prompt_token_ids`` (rollout with pre-tokenised
+    prompts) is given.
+    """
+
+    sampling: SamplingParams
+    messages: list[Message] | None = None
+    prompt_token_ids: list[int] | None = None
+    #: Rollout needs the sampled tokens and their log-probs (for TIS); a judge does not.
+    return_tokens: bool = False
+    request_id: str | None = None
+
+
+@dataclass
+class EngineOutput:
+    """What came out of one request."""
+
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    latency_s: float = 0.0
+    weight_version: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(abc.ABC):
+    """A model that turns batches of requests into outputs, and can free / restore its memory."""
+
+    def __init__(self, spec: InstanceSpec, engine_id: str) -> None:
+        self.spec = spec
+        self.engine_id = engine_id
+        self.state: EngineState = "created"
+        self.weight_version = 0
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model; after it, ``state == "awake"``."""
+
+    @abc.abstractmethod
+    async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
+        """Generate for a batch; one output per request, in order.
+
+        Raises :class:`PromptTooLongError` for an over-long prompt before any compute, and
+        :class:`EngineAsleepError` while asleep.
+        """
+
+    @abc.abstractmethod
+    async def sleep(self) -> None:
+        """Free accelerator memory (weights and KV cache); idempotent."""
+
+    @abc.abstractmethod
+    async def wake(self) -> None:
+        """Restore what ``sleep()`` freed; idempotent."""
+
+    async def check_health(self) -> None:
+        """Raise if the engine cannot serve; the default trusts ``state``."""
+        if self.state == "failed":
+            raise EngineError(f"engine {self.engine_id} failed")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for metrics and debugging (JSON-serialisable)."""
+        return {
+            "engine_id": self.engine_id,
+            "route_key": self.spec.route_key,
+            "state": self.state,
+            "weight_version": self.weight_version,
+        }
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Load new policy weights (rollout engines); ``version`` must increase."""
+        raise NotImplementedError(f"{type(self).__name__} does not accept weight updates")
+
+    async def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release everything; the default does nothing."""
