@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from genrm_rewards import dapo_genrm
 
 # --import-mode=importlib does not put test folders on sys.path; the helpers module needs it.

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from genrm_client._exceptions import GenRMError
+from genrm_client import GenRMError
 from genrm_client.types import GenerateRequest, GenerateResponse
 
 

@@ -1,10 +1,11 @@
 """Per-module agentic judges: routing by module, aggregation, unmapped modules named."""
 
 import pytest
-from genrm_client._exceptions import GenRMTimeoutError
+from rewards_doubles import Args, JudgeDouble, Sample
+
+from genrm_client import GenRMTimeoutError
 from genrm_rewards import RewardConfigError, RewardInputError
 from genrm_rewards.agentic import compute_score
-from rewards_doubles import Args, JudgeDouble, Sample
 
 ROUTES = {"plan": "planner_judge", "tool_call": "tool_judge", "final_answer": "final_judge"}
 STEPS = [

@@ -3,8 +3,9 @@
 import argparse
 
 import pytest
-from genrm_rewards import RewardArgs, RewardConfigError, resolve_args
 from rewards_doubles import Args
+
+from genrm_rewards import RewardArgs, RewardConfigError, resolve_args
 
 
 def test_defaults_from_an_object_without_our_fields() -> None:

@@ -3,7 +3,9 @@
 import asyncio
 
 import pytest
-from genrm_client._exceptions import (
+from rewards_doubles import Args, JudgeDouble, Sample, answer_block, prompt_text
+
+from genrm_client import (
     GenRMConnectionError,
     GenRMError,
     GenRMHTTPError,
@@ -14,7 +16,6 @@ from genrm_client._exceptions import (
 from genrm_client.types import GenerateRequest, GenerateResponse
 from genrm_rewards import RewardInputError, dapo_genrm
 from genrm_rewards.dapo_genrm import compute_score, compute_score_batch
-from rewards_doubles import Args, JudgeDouble, Sample, answer_block, prompt_text
 
 
 def sample(answer: str = "42", label: str = "42") -> Sample:

@@ -1,10 +1,11 @@
 """Dual judges: both called concurrently, combined by the configured rule, failures kept apart."""
 
 import pytest
-from genrm_client._exceptions import GenRMError, GenRMOverloadedError
+from rewards_doubles import Args, JudgeDouble, Sample, prompt_text
+
+from genrm_client import GenRMError, GenRMOverloadedError
 from genrm_rewards import get_reward_fn
 from genrm_rewards.dual import compute_score
-from rewards_doubles import Args, JudgeDouble, Sample, prompt_text
 
 
 def by_route(quality: str | GenRMError, safety: str | GenRMError) -> JudgeDouble:

@@ -1,9 +1,10 @@
 """Answer extraction and the judge prompt, including answers that attack the prompt."""
 
 import pytest
+from rewards_doubles import answer_block, prompt_text
+
 from genrm_rewards.dapo_genrm import build_messages, extract_answer
 from genrm_rewards.quoting import LINE_PREFIX
-from rewards_doubles import answer_block, prompt_text
 
 
 def test_extract_after_last_answer() -> None:

@@ -4,6 +4,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from rewards_doubles import Args, Sample
+
 from genrm_rewards import (
     RewardConfigError,
     available,
@@ -14,7 +16,6 @@ from genrm_rewards import (
     resolve_reward_fn,
 )
 from genrm_rewards.dapo_genrm import compute_score, compute_score_batch
-from rewards_doubles import Args, Sample
 
 
 def test_builtins_registered() -> None:

@@ -5,8 +5,9 @@ import threading
 import time
 
 import pytest
-from genrm_rewards import get_reward_fn, rules
 from rewards_doubles import Args, Sample
+
+from genrm_rewards import get_reward_fn, rules
 
 CASES = [
     ("42", "42", True),

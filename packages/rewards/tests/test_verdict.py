@@ -1,6 +1,7 @@
 """Verdict parsing: strict by default, thinking blocks handled, lenient only on request."""
 
 import pytest
+
 from genrm_rewards.verdict import parse_verdict
 
 STRICT = [

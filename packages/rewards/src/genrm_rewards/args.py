@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from genrm_client.types import SamplingParams
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from genrm_client.types import SamplingParams
 from genrm_rewards.errors import RewardConfigError
 
 __all__ = ["RewardArgs", "resolve_args"]

@@ -10,12 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
-from genrm_client._exceptions import GenRMError
+from genrm_client import GenRMError, get_genrm_client
 from genrm_client.types import GenerateRequest, GenerateResponse, Message, SamplingParams
-
-from genrm_rewards.errors import RewardConfigError
 from genrm_rewards.types import JudgeClient, RewardResult, judge_error_result
 from genrm_rewards.verdict import Verdict, parse_verdict
 
@@ -67,15 +64,9 @@ class JudgeOutcome:
 
 
 def default_client() -> JudgeClient:
-    """The process-wide ``genrm_client.get_genrm_client()`` singleton."""
-    import genrm_client
-
-    getter: Any = getattr(genrm_client, "get_genrm_client", None)
-    if getter is None:
-        raise RewardConfigError(
-            "genrm_client.get_genrm_client is missing: install genrm-client>=0.1 with the client"
-        )
-    return cast(JudgeClient, getter())
+    """The process-wide ``genrm_client.get_genrm_client()`` singleton (``GENRM_URL``)."""
+    client: JudgeClient = get_genrm_client()  # mypy checks the client fits the protocol
+    return client
 
 
 def _failed(err: BaseException, route_key: str | None) -> JudgeOutcome:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, Required, TypedDict
 
-from genrm_client._exceptions import GenRMError
+from genrm_client import GenRMError
 from genrm_client.types import GenerateRequest, GenerateResponse
 
 __all__ = [

@@ -19,12 +19,13 @@ import pytest
 
 pytest.importorskip("genrm_serve.app", reason="genrm-serve's Serve app is not installed")
 
+from rewards_doubles import Args, Sample, free_port
+
 from genrm_client import AsyncGenRMClient, close_genrm_clients
 from genrm_rewards import dapo_genrm, get_batch_reward_fn, get_reward_fn
 from genrm_serve.app import build_app, deploy, wait_until_healthy
 from genrm_serve.config import build_instances
 from genrm_serve.serve_args import ServeArgs
-from rewards_doubles import Args, Sample, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
