@@ -1,9 +1,10 @@
 """The reward functions against the real judge service: Ray Serve, HTTP on loopback, real client.
 
-The judge instances run genrm-serve's scripted *test engine* (deterministic replies chosen by a
-substring of the prompt), so the verdicts can be asserted; everything between the reward
+The instances of the first app run genrm-serve's scripted *test engine* (deterministic replies
+chosen by a substring of the prompt), so verdicts can be asserted; everything between the reward
 function and the engine is the production path: ``AsyncGenRMClient`` → Serve proxy → ingress →
-instance router → engine actor. One Serve app per module.
+instance router → engine actor. A second app on the same Serve runs the embedded Gemma 3 270M
+behind the hf engine for one end-to-end test with a real model (no verdict asserted).
 
 Script keys are lines of the quoted answer block (``| 42``), so a reply depends on the model
 answer only and the test shows that the answer travelled inside its block.
@@ -23,6 +24,7 @@ from rewards_doubles import Args, Sample, free_port
 
 from genrm_client import AsyncGenRMClient, close_genrm_clients
 from genrm_rewards import dapo_genrm, get_batch_reward_fn, get_reward_fn
+from genrm_rewards.dapo_genrm import compute_score, compute_score_batch
 from genrm_serve.app import build_app, deploy, wait_until_healthy
 from genrm_serve.config import build_instances
 from genrm_serve.serve_args import ServeArgs
@@ -208,3 +210,55 @@ async def test_agentic_judges(client: AsyncGenRMClient) -> None:
     result = await get_reward_fn("agentic-genrm")(args, s, client=client)  # type: ignore[call-arg]
     assert (result["score"], result["status"]) == (0.0, "ok")
     assert [st["score"] for st in result["details"]["steps"]] == [1.0, 0.0]
+
+
+# ---- a real model -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma_service(serve_port: int) -> Iterator[ServeArgs]:
+    """A second app on the same Serve: the embedded Gemma 3 270M behind the hf engine."""
+    pytest.importorskip("genrm_serve.engines.hf", reason="genrm-serve's hf engine is missing")
+    instances = build_instances(
+        model_path="embedded",
+        engine="hf",
+        engine_config={"max_context_len": 1024, "max_batch_size": 4},
+        sampling_config={"temperature": 0.0, "max_response_len": 4},
+    )
+    args = ServeArgs(
+        port=serve_port,
+        app_name="rewards-gemma",
+        route_prefix="/gemma/genrm",
+        api_key=None,
+        engine_num_cpus=0.5,
+    )
+    deploy(build_app(instances, args=args), args)
+    wait_until_healthy(args, 400)
+    yield args
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+async def test_gemma_judges_through_dapo_genrm(gemma_service: ServeArgs) -> None:
+    """A real model end to end. Gemma 270M is a base model: its verdicts mean nothing and none
+    is asserted; the results must still follow the contract (a score, ok or unparsed).
+    First use converts the model into ``$GENRM_CACHE_DIR`` (~70 s once), later loads take seconds.
+    """
+    client = AsyncGenRMClient(base_url=gemma_service.url, timeout=300.0, max_retries=1)
+    try:
+        one = await compute_score(
+            Args(verdict_cache=False),
+            Sample(response="6 times 7 is 42. Answer: 42", label="42", prompt="What is 6*7?"),
+            client=client,
+        )
+        group = await compute_score_batch(
+            Args(verdict_cache=False),
+            [Sample(response=f"Answer: {a}", label="42", prompt="6*7?") for a in ("42", "41")],
+            client=client,
+        )
+    finally:
+        await client.aclose()
+    print(f"\nGemma verdicts: {one['pred']!r}, {[r['pred'] for r in group]!r}")
+    for result in (one, *group):
+        assert result["status"] in ("ok", "unparsed"), result
+        assert result["score"] in (0.0, 1.0)
