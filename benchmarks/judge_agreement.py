@@ -10,8 +10,8 @@ math-verify alone against the labels (no judge at all), which is what the gate r
     python benchmarks/judge_agreement.py --rule-only
     # a running service
     python benchmarks/judge_agreement.py --url http://127.0.0.1:8000/genrm [--rule-gate]
-    # start genrm-serve in-process on a free port (needs genrm-serve)
-    python benchmarks/judge_agreement.py --model gemma3-270m --engine hf [--rule-gate]
+    # start genrm-serve in-process on a free port (default: the embedded Gemma, hf engine)
+    python benchmarks/judge_agreement.py [--model embedded --engine hf] [--rule-gate]
 
 Timing numbers belong here, never in test assertions.
 """
@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from collections import Counter
@@ -156,15 +157,45 @@ def make_client(url: str, timeout_s: float) -> Any:
 
 
 def start_service(ns: argparse.Namespace) -> tuple[str, Any]:
-    """Start genrm-serve in-process on a free port; return (url, stop)."""
+    """Start a local Ray + genrm-serve (one instance of ``--model`` / ``--engine``) on a free port.
+
+    Returns ``(url, stop)``.
+    """
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # workers use this environment
     try:
-        from genrm_serve.bench import start_local_service  # provided by genrm-serve
+        import ray
+        from ray import serve
+
+        from genrm_serve.app import build_app, deploy, wait_until_healthy
+        from genrm_serve.config import build_instances
+        from genrm_serve.serve_args import ServeArgs
     except ImportError as err:
-        raise SystemExit(
-            "starting a judge in-process needs genrm-serve's start_local_service; "
-            f"use --url with a running service ({err})"
-        ) from err
-    return start_local_service(model=ns.model, engine=ns.engine)  # type: ignore[no-any-return]
+        raise SystemExit(f"starting a judge needs genrm-serve ({err}); or pass --url") from err
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    ray.init(address="local", num_cpus=ns.num_cpus, include_dashboard=False, log_to_driver=False)
+
+    def stop() -> None:
+        serve.shutdown()
+        ray.shutdown()
+
+    try:
+        instances = build_instances(
+            model_path=ns.model,
+            engine=ns.engine,
+            engine_config=json.loads(ns.engine_config),
+            sampling_config=json.loads(ns.sampling_config),
+        )
+        args = ServeArgs(port=port, app_name="judge-agreement", api_key=None, engine_num_cpus=1.0)
+        deploy(build_app(instances, args=args), args)
+        wait_until_healthy(args, ns.start_timeout_s)
+    except BaseException:
+        stop()
+        raise
+    return args.url, stop
 
 
 async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
@@ -183,7 +214,8 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
         client = make_client(ns.url, ns.timeout_s)
         started = time.perf_counter()
         results = await run_judge(pairs, client, ns)
-        mode = f"judge at {ns.url} route_key={ns.route_key} rule_gate={ns.rule_gate}"
+        judge = getattr(ns, "started", None) or ns.url
+        mode = f"judge {judge} route_key={ns.route_key} rule_gate={ns.rule_gate}"
         aclose = getattr(client, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -204,8 +236,16 @@ def main() -> None:
     parser.add_argument(
         "--url", help="base URL of a running genrm-serve (e.g. http://127.0.0.1:8000/genrm)"
     )
-    parser.add_argument("--model", default="gemma3-270m", help="judge model when starting serve")
+    parser.add_argument(
+        "--model", default="embedded", help="judge model_path when starting serve (embedded Gemma)"
+    )
     parser.add_argument("--engine", default="hf", help="engine when starting serve")
+    parser.add_argument("--engine-config", default='{"max_context_len": 2048}', help="JSON")
+    parser.add_argument(
+        "--sampling-config", default='{"temperature": 0.0, "max_response_len": 8}', help="JSON"
+    )
+    parser.add_argument("--num-cpus", type=int, default=2, help="Ray CPUs when starting serve")
+    parser.add_argument("--start-timeout-s", type=float, default=900.0)
     parser.add_argument("--route-key", default=None)
     parser.add_argument(
         "--rule-gate", action="store_true", help="math-verify gate before the judge"
@@ -223,6 +263,7 @@ def main() -> None:
     stop = None
     if not ns.rule_only and not ns.url:
         ns.url, stop = start_service(ns)
+        ns.started = f"{ns.model} ({ns.engine} engine, in-process genrm-serve)"
     try:
         out = asyncio.run(main_async(ns))
     finally:
