@@ -113,6 +113,7 @@ def report(pairs: list[Pair], results: list[dict[str, Any]], seconds: float) -> 
         "gate_hit_rate": round(gates["hit"] / len(pairs), 4)
         if gates.get("off") != len(pairs)
         else None,
+        "gate_states": dict(gates),
         "judgments_per_s": round(len(pairs) / seconds, 2),
         "seconds": round(seconds, 2),
         "by_source": {k: f"{a}/{n}" for k, (a, n) in sorted(by_source.items())},
