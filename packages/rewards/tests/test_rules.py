@@ -74,3 +74,18 @@ async def test_timeout_reports_judge_error_without_blocking(
     assert (result["status"], result["score"]) == ("judge_error", None)
     assert "rule_timeout_s=0.2" in result["error"]
     assert ticks >= 5  # the event loop kept running meanwhile
+
+
+async def test_queueing_for_a_worker_does_not_count_as_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GRPO group queues many checks at once; each gets its full timeout once it runs."""
+    await rules.math_equal("1", "1", timeout_s=10)  # warm import
+
+    def slowish(gold: str, pred: str) -> bool:
+        time.sleep(0.15)
+        return gold == pred
+
+    monkeypatch.setattr(rules, "math_equal_sync", slowish)
+    results = await asyncio.gather(*(rules.math_equal("1", "1", timeout_s=0.5) for _ in range(12)))
+    assert results == [True] * 12  # 12 x 0.15 s on 2 workers is ~0.9 s > 0.5 s, yet no timeout

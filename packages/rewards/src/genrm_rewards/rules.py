@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,6 +29,9 @@ _POOL_WORKERS = 2
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _imported = False
+_loop_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _get_pool() -> ThreadPoolExecutor:
@@ -72,18 +76,32 @@ def math_equal_sync(gold: str, pred: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
+def _slots() -> asyncio.Semaphore:
+    """One semaphore per event loop, as wide as the pool (asyncio primitives bind to a loop)."""
+    loop = asyncio.get_running_loop()
+    sem = _loop_slots.get(loop)
+    if sem is None:
+        sem = _loop_slots[loop] = asyncio.Semaphore(_POOL_WORKERS)
+    return sem
+
+
 async def math_equal(gold: str, pred: str, *, timeout_s: float) -> bool | None:
-    """Check ``pred == gold`` with math-verify off the event loop; ``None`` if it timed out."""
+    """Check ``pred == gold`` with math-verify off the event loop; ``None`` if it timed out.
+
+    ``timeout_s`` bounds the check itself: waiting for a free worker (a GRPO group queues many
+    checks at once) happens before the clock starts, so a busy pool does not fake timeouts.
+    """
     loop = asyncio.get_running_loop()
     pool = _get_pool()
     if not _imported:  # the first import (sympy) takes seconds; it must not count as a timeout
         await asyncio.wait_for(loop.run_in_executor(pool, _import_math_verify), timeout=120)
-    try:
-        return await asyncio.wait_for(
-            loop.run_in_executor(pool, math_equal_sync, gold, pred), timeout=timeout_s
-        )
-    except TimeoutError:
-        return None
+    async with _slots():
+        try:
+            return await asyncio.wait_for(
+                loop.run_in_executor(pool, math_equal_sync, gold, pred), timeout=timeout_s
+            )
+        except TimeoutError:
+            return None
 
 
 async def compute_score(args: Any, sample: SampleLike) -> RewardResult:
