@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
 from genrm_client import AsyncGenRMClient, SyncGenRMClient
 
 MESSAGES = [{"role": "user", "content": "Question: 1+1? Reference: 2. Answer: 2. Reply 1 or 0."}]

@@ -17,11 +17,12 @@ from collections import Counter
 from typing import Any
 
 import uvicorn
-from genrm_client import AsyncGenRMClient, UnknownRouteKeyError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
+
+from genrm_client import AsyncGenRMClient, UnknownRouteKeyError
 
 INSTANCES = ["__default__", "quality", "safety"]
 served: Counter[str] = Counter()

@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 import uvicorn
-from genrm_client import _retry, close_genrm_clients
-from genrm_client.types import DEFAULT_ROUTE_KEY
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+
+from genrm_client import _retry, close_genrm_clients
+from genrm_client.types import DEFAULT_ROUTE_KEY
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
 from genrm_client import (
     AsyncGenRMClient,
     GenerateResponse,

@@ -6,6 +6,7 @@ import random
 from email.utils import formatdate
 
 import pytest
+
 from genrm_client._constants import BACKOFF_INITIAL_S, BACKOFF_MAX_S, RETRY_AFTER_MAX_S
 from genrm_client._retry import backoff_delay, parse_retry_after, retry_delay, should_retry
 

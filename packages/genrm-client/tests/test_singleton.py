@@ -7,6 +7,7 @@ import threading
 from typing import TYPE_CHECKING
 
 import pytest
+
 from genrm_client import AsyncGenRMClient, close_genrm_clients, get_genrm_client
 
 if TYPE_CHECKING:

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 import pytest
+
 from genrm_client import (
     GenerateResponse,
     GenRMConnectionError,

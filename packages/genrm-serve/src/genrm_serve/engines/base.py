@@ -45,6 +45,11 @@ class PromptTooLongError(EngineError):
         self.prompt_tokens = prompt_tokens
         self.max_context_len = max_context_len
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Ray pickles an actor's exception to its caller; the default reduce would call
+        # ``__init__(message)`` and fail, turning a 413 into an opaque error.
+        return (type(self), (self.prompt_tokens, self.max_context_len))
+
 
 @dataclass
 class EngineRequest:
@@ -71,11 +76,17 @@ class EngineOutput:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    #: With ``return_tokens``: every sampled token (EOS and stop-string tokens included).
     token_ids: list[int] | None = None
+    #: Per token: log-prob under the distribution it was sampled from (temperature-scaled,
+    #: before top-k/top-p truncation; the raw model's at temperature 0). Engine-specific: see it.
     logprobs: list[float] | None = None
     latency_s: float = 0.0
     weight_version: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Per token: log-prob under the raw model (``log_softmax(logits)``, temperature 1), when the
+    #: engine can give it cheaply (the hf engine does).
+    raw_logprobs: list[float] | None = None
 
 
 class Engine(abc.ABC):

@@ -1,0 +1,441 @@
+"""The Ray actor that hosts one engine: a micro-batcher in front of ``Engine.generate``.
+
+A judge request is prefill-bound (a long prompt, one or two output tokens), so throughput comes
+from putting concurrent requests into one forward pass. Callers send single requests; this actor
+queues them and hands the engine batches of up to ``engine_config.max_batch_size``, one batch at
+a time, while its event loop stays free for health probes and stats (engines run their compute
+off the loop). It is a plain Ray actor, not a Serve replica, so rl-core can place it into a
+placement-group bundle of its plan (:func:`create_engine_worker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from genrm_serve.config import InstanceSpec
+from genrm_serve.engines.base import (
+    Engine,
+    EngineAsleepError,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    PromptTooLongError,
+)
+
+__all__ = [
+    "DEFAULT_BATCH_WAIT_S",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "DEFAULT_START_TIMEOUT_S",
+    "DEFAULT_WORKER_NUM_CPUS",
+    "EngineWorker",
+    "create_engine_worker",
+    "engine_id_for",
+]
+
+logger = logging.getLogger(__name__)
+
+#: How long the batcher waits for more requests once it has one (seconds).
+DEFAULT_BATCH_WAIT_S = 0.002
+#: Longest a request may wait in this actor, queue included.
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+#: Longest loading a model may take (the embedded Gemma converts from GGUF once, ~70 s).
+DEFAULT_START_TIMEOUT_S = 900.0
+#: Longest a sleep() waits for queued requests to finish before failing them.
+DEFAULT_DRAIN_TIMEOUT_S = 120.0
+#: Longest a health probe may take.
+DEFAULT_HEALTH_TIMEOUT_S = 10.0
+#: Logical CPUs an engine actor asks Ray for (the 2-core CI machine hosts several).
+DEFAULT_WORKER_NUM_CPUS = 0.1
+
+
+def engine_id_for(spec: InstanceSpec, engine_index: int) -> str:
+    """The id an engine reports: ``<route_key>/<index>``."""
+    return f"{spec.route_key}/{engine_index}"
+
+
+@dataclass
+class _Pending:
+    request: EngineRequest
+    future: asyncio.Future[EngineOutput]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class EngineWorker:
+    """Hosts one :class:`Engine`; every public method is an (async) actor method.
+
+    Usable in-process too (tests, benchmarks): ``w = EngineWorker(spec, 0); await w.start()``.
+    """
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        engine_index: int = 0,
+        *,
+        engine: Engine | None = None,
+        batch_wait_s: float = DEFAULT_BATCH_WAIT_S,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    ) -> None:
+        self.spec = spec
+        self.engine_index = engine_index
+        self.engine_id = (
+            engine.engine_id if engine is not None else engine_id_for(spec, engine_index)
+        )
+        self.engine = engine
+        self.batch_wait_s = batch_wait_s
+        self.request_timeout_s = request_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._lock: asyncio.Lock | None = None
+        self._accepting = False
+        self._in_flight = 0
+        self._counters: dict[str, float] = {
+            "requests": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "batches": 0,
+            "batched_requests": 0,
+            "max_batch": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+        }
+        self._start_error: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> dict[str, Any]:
+        """Build and load the engine (idempotent); returns :meth:`info`."""
+        if self._loop_task is not None:
+            return self.info()
+        if self.engine is None:
+            from genrm_serve.engines import make_engine
+
+            self.engine = make_engine(self.spec, self.engine_id)
+        self.engine.state = "loading"
+        try:
+            await asyncio.wait_for(self.engine.start(), self.start_timeout_s)
+        except BaseException as err:
+            self.engine.state = "failed"
+            self._start_error = f"{type(err).__name__}: {err}"
+            logger.exception("engine %s failed to start", self.engine_id)
+            raise
+        self._queue = asyncio.Queue()
+        self._lock = asyncio.Lock()
+        self._accepting = True
+        self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
+        logger.info("engine %s started (%s)", self.engine_id, type(self.engine).__name__)
+        return self.info()
+
+    def _engine(self) -> Engine:
+        if self.engine is None or self._loop_task is None:
+            raise EngineError(f"engine {self.engine_id} is not started (call start() first)")
+        return self.engine
+
+    async def sleep(self, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> None:
+        """Stop accepting, let queued requests finish (up to ``drain_timeout_s``), free memory.
+
+        Requests arriving while asleep fail at once with :class:`EngineAsleepError`.
+        """
+        engine = self._engine()
+        self._accepting = False
+        assert self._queue is not None and self._lock is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._queue.join(), drain_timeout_s)
+        async with self._lock:
+            self._fail_queued(EngineAsleepError(f"engine {self.engine_id} went to sleep"))
+            await engine.sleep()
+
+    async def wake(self) -> None:
+        """Restore what :meth:`sleep` freed and accept requests again."""
+        engine = self._engine()
+        assert self._lock is not None
+        async with self._lock:
+            await engine.wake()
+        self._accepting = True
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> int:
+        """Load new weights between batches; returns the engine's new ``weight_version``."""
+        engine = self._engine()
+        assert self._lock is not None
+        async with self._lock:
+            await engine.update_weights(state_dict, version)
+        return engine.weight_version
+
+    async def check_health(self) -> None:
+        """Raise if this engine cannot serve (asleep counts as healthy: it can be woken)."""
+        if self.engine is None or self._loop_task is None:
+            raise EngineError(
+                f"engine {self.engine_id} is not started"
+                + (f": {self._start_error}" if self._start_error else "")
+            )
+        if self._loop_task.done():
+            raise EngineError(f"engine {self.engine_id}: batch loop stopped")
+        await asyncio.wait_for(self.engine.check_health(), DEFAULT_HEALTH_TIMEOUT_S)
+
+    async def stats(self) -> dict[str, Any]:
+        """Queue depth, in-flight, counters, state and weight version (JSON-serialisable)."""
+        base = self.engine.stats() if self.engine is not None else {}
+        batches = self._counters["batches"]
+        return {
+            **base,
+            "engine_id": self.engine_id,
+            "route_key": self.spec.route_key,
+            "state": self.engine.state if self.engine is not None else "created",
+            "weight_version": self.engine.weight_version if self.engine is not None else 0,
+            "accepting": self._accepting,
+            "queue_depth": self._queue.qsize() if self._queue is not None else 0,
+            "in_flight": self._in_flight,
+            **{k: int(v) for k, v in self._counters.items()},
+            "mean_batch": (self._counters["batched_requests"] / batches) if batches else 0.0,
+        }
+
+    def info(self) -> dict[str, Any]:
+        """Who and where this engine is (placement checks, routing tests)."""
+        gpu_ids: list[Any] = []
+        node_ip = pg_id = None
+        with contextlib.suppress(Exception):
+            import ray
+
+            if ray.is_initialized():
+                gpu_ids = list(ray.get_gpu_ids())
+                node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+                pg_id = ray.get_runtime_context().get_placement_group_id()
+        return {
+            "engine_id": self.engine_id,
+            "engine_index": self.engine_index,
+            "route_key": self.spec.route_key,
+            "engine": type(self.engine).__name__ if self.engine is not None else None,
+            "model_path": self.spec.model_path,
+            "state": self.engine.state if self.engine is not None else "created",
+            "pid": os.getpid(),
+            "node_ip": node_ip,
+            "gpu_ids": gpu_ids,
+            "placement_group_id": pg_id,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+
+    async def control(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call one of the engine's ``CONTROL_METHODS`` (failure injection in test engines)."""
+        engine = self._engine()
+        allowed = getattr(engine, "CONTROL_METHODS", ())
+        if method not in allowed:
+            raise EngineError(
+                f"engine {self.engine_id} ({type(engine).__name__}) has no control method "
+                f"{method!r}; allowed: {list(allowed)}"
+            )
+        result = getattr(engine, method)(*args, **kwargs)
+        if asyncio.iscoroutine(result):
+            result = await result
+        return result
+
+    async def shutdown(self) -> None:
+        """Stop the batcher, fail what is queued, release the engine."""
+        self._accepting = False
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._loop_task
+        self._fail_queued(EngineError(f"engine {self.engine_id} shut down"))
+        if self.engine is not None:
+            await self.engine.shutdown()
+            self.engine.state = "stopped"
+
+    # -- requests ----------------------------------------------------------------------------
+    async def generate(self, request: EngineRequest) -> EngineOutput:
+        """One request; concurrent calls are batched together."""
+        engine = self._engine()
+        assert self._queue is not None
+        if not self._accepting or engine.state == "asleep":
+            raise EngineAsleepError(f"engine {self.engine_id} is asleep (wake it first)")
+        request.sampling = request.sampling.merged_over(self.spec.sampling_config)
+        pending = _Pending(request, asyncio.get_running_loop().create_future())
+        self._counters["requests"] += 1
+        self._queue.put_nowait(pending)
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.future), self.request_timeout_s)
+        except asyncio.CancelledError:
+            pending.future.cancel()
+            raise
+        except TimeoutError:
+            pending.future.cancel()
+            raise EngineError(
+                f"engine {self.engine_id}: request timed out after {self.request_timeout_s} s"
+            ) from None
+
+    async def generate_many(self, requests: list[EngineRequest]) -> list[EngineOutput]:
+        """Several requests, results in order; the first failure is raised."""
+        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
+
+    def _fail_queued(self, error: Exception) -> None:
+        if self._queue is None:
+            return
+        while not self._queue.empty():
+            pending = self._queue.get_nowait()
+            if not pending.future.done():
+                pending.future.set_exception(error)
+                self._counters["failed"] += 1
+            self._queue.task_done()
+
+    async def _next_batch(self) -> list[_Pending]:
+        assert self._queue is not None
+        first = await self._queue.get()
+        batch = [first]
+        limit = self.spec.engine_config.max_batch_size
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.batch_wait_s
+        while len(batch) < limit:
+            try:
+                batch.append(self._queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+            except TimeoutError:
+                break
+        return batch
+
+    async def _batch_loop(self) -> None:
+        assert self._lock is not None and self._queue is not None
+        while True:
+            batch = await self._next_batch()
+            live = [p for p in batch if not p.future.done()]  # callers that gave up are skipped
+            try:
+                if live:
+                    async with self._lock:
+                        self._in_flight = len(live)
+                        try:
+                            await self._run(live)
+                        finally:
+                            self._in_flight = 0
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        engine = self._engine()
+        try:
+            outputs = await engine.generate([p.request for p in batch])
+        except PromptTooLongError as err:
+            if len(batch) == 1:
+                self._settle(batch[0], err)
+                return
+            # One over-long prompt must not fail its neighbours: the check comes before any
+            # compute, so re-running one by one costs only tokenisation.
+            for p in batch:
+                await self._run([p])
+            return
+        except asyncio.CancelledError:
+            for p in batch:
+                self._settle(p, EngineError(f"engine {self.engine_id} shut down"))
+            raise
+        except Exception as err:
+            logger.warning("engine %s: batch of %d failed: %s", self.engine_id, len(batch), err)
+            for p in batch:
+                self._settle(p, err)
+            return
+        if len(outputs) != len(batch):
+            mismatch = EngineError(
+                f"engine {self.engine_id} returned {len(outputs)} outputs for {len(batch)} requests"
+            )
+            for p in batch:
+                self._settle(p, mismatch)
+            return
+        self._counters["batches"] += 1
+        self._counters["batched_requests"] += len(batch)
+        self._counters["max_batch"] = max(self._counters["max_batch"], len(batch))
+        now = time.monotonic()
+        for p, out in zip(batch, outputs, strict=True):
+            out.latency_s = now - p.enqueued
+            out.weight_version = engine.weight_version
+            out.extra.setdefault("engine_id", self.engine_id)
+            out.extra.setdefault("route_key", self.spec.route_key)
+            out.extra["batch_size"] = len(batch)
+            self._counters["prompt_tokens"] += out.prompt_tokens
+            self._counters["completion_tokens"] += out.completion_tokens
+            self._settle(p, out)
+
+    def _settle(self, pending: _Pending, result: EngineOutput | BaseException) -> None:
+        if pending.future.done():
+            return
+        if isinstance(result, BaseException):
+            self._counters["failed"] += 1
+            pending.future.set_exception(result)
+        else:
+            self._counters["succeeded"] += 1
+            pending.future.set_result(result)
+
+
+_REMOTE_CLASS: Any = None
+
+
+def _remote_worker_class() -> Any:
+    global _REMOTE_CLASS
+    if _REMOTE_CLASS is None:
+        import ray
+
+        _REMOTE_CLASS = ray.remote(EngineWorker)
+    return _REMOTE_CLASS
+
+
+def _cluster_has_gpus() -> bool:
+    import ray
+
+    resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    return float(resources.get("GPU", 0.0)) > 0.0
+
+
+def create_engine_worker(
+    spec: InstanceSpec,
+    engine_index: int,
+    *,
+    placement_group: Any = None,
+    bundle_index: int | None = None,
+    num_gpus: float | None = None,
+    num_cpus: float | None = None,
+    name: str | None = None,
+    namespace: str | None = None,
+    max_restarts: int = 0,
+    worker_kwargs: dict[str, Any] | None = None,
+) -> Any:
+    """Create (not start) the Ray actor for engine ``engine_index`` of ``spec``.
+
+    Call ``await handle.start.remote()`` next. GPUs: ``spec.num_gpus_per_engine`` when the cluster
+    has GPUs (logical ones count), else 0; pass ``num_gpus`` to share a bundle (e.g. 0.2 for a
+    colocated judge). With ``placement_group`` the actor goes into ``bundle_index`` of it.
+    """
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if not ray.is_initialized():
+        raise EngineError("create_engine_worker: Ray is not initialised (call ray.init first)")
+    if num_gpus is None:
+        num_gpus = float(spec.num_gpus_per_engine) if _cluster_has_gpus() else 0.0
+    options: dict[str, Any] = {
+        "num_gpus": num_gpus,
+        "num_cpus": DEFAULT_WORKER_NUM_CPUS if num_cpus is None else num_cpus,
+        "max_restarts": max_restarts,
+    }
+    if name is not None:
+        options["name"] = name
+    if namespace is not None:
+        options["namespace"] = namespace
+    if placement_group is not None:
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group,
+            placement_group_bundle_index=-1 if bundle_index is None else bundle_index,
+            placement_group_capture_child_tasks=True,
+        )
+    elif bundle_index is not None:
+        raise EngineError("create_engine_worker: bundle_index given without placement_group")
+    cls = _remote_worker_class()
+    return cls.options(**options).remote(spec, engine_index, **(worker_kwargs or {}))

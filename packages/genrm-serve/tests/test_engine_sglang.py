@@ -1,0 +1,163 @@
+"""The SGLang engine: argument mapping, sampling mapping and lifecycle, against a fake SGLang.
+
+SGLang cannot run here (it needs a GPU and its own environment), so ``FakeSGLangEngine`` stands
+in for ``sglang.Engine``; the one ``gpu`` test runs the real thing where it exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from genrm_client.types import Message, SamplingParams
+from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
+from genrm_serve.engines import make_engine
+from genrm_serve.engines.base import EngineAsleepError, EngineError, EngineRequest
+from genrm_serve.engines.sglang import (
+    SGLangEngine,
+    import_sglang_engine,
+    sglang_engine_kwargs,
+    sglang_sampling_params,
+)
+from genrm_serve.testing import FakeSGLangEngine, build_tiny_model
+
+
+def _spec(per_engine: int = 1, model_path: str = "/m", **engine_config: object) -> InstanceSpec:
+    return InstanceSpec(
+        route_key="judge",
+        model_path=model_path,
+        num_gpus=per_engine,
+        num_gpus_per_engine=per_engine,
+        engine="sglang",
+        engine_config=EngineConfig(**engine_config),  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("per_engine", "engine_config", "expected"),
+    [
+        pytest.param(1, {}, {"tp_size": 1, "pp_size": 1, "dp_size": 1}, id="defaults"),
+        pytest.param(4, {"pp_size": 2}, {"tp_size": 2, "pp_size": 2}, id="tp-times-pp"),
+        pytest.param(
+            8,
+            {"dp_size": 4, "ep_size": 8},
+            {"tp_size": 8, "dp_size": 4, "ep_size": 8, "enable_dp_attention": True},
+            id="dp-attention-and-ep",
+        ),
+        pytest.param(
+            2,
+            {"mem_fraction_static": 0.4, "max_context_len": 4096, "dtype": "bfloat16"},
+            {"mem_fraction_static": 0.4, "context_length": 4096, "dtype": "bfloat16"},
+            id="memory-context-dtype",
+        ),
+    ],
+)
+def test_engine_kwargs(per_engine: int, engine_config: dict[str, object], expected: dict) -> None:  # type: ignore[type-arg]
+    kwargs = sglang_engine_kwargs(_spec(per_engine, **engine_config), model_path="/m")
+    assert kwargs["model_path"] == "/m" and kwargs["enable_memory_saver"] is True
+    for key, value in expected.items():
+        assert kwargs[key] == value, key
+    if "mem_fraction_static" not in engine_config:
+        assert "mem_fraction_static" not in kwargs  # SGLang's own default
+
+
+@pytest.mark.parametrize(
+    ("per_engine", "engine_config", "message"),
+    [
+        pytest.param(3, {"pp_size": 2}, "multiple of pp_size=2", id="pp-does-not-divide"),
+        pytest.param(4, {"dp_size": 3}, "dp_size=3 must divide", id="dp-does-not-divide"),
+        pytest.param(2, {"ep_size": 4}, "ep_size=4 must divide", id="ep-too-large"),
+    ],
+)
+def test_engine_kwargs_errors(
+    per_engine: int, engine_config: dict[str, object], message: str
+) -> None:
+    with pytest.raises(EngineError, match=message) as info:
+        sglang_engine_kwargs(_spec(per_engine, **engine_config), model_path="/m")
+    assert "judge" in str(info.value)
+
+
+def test_sampling_params_mapping() -> None:
+    sampling = SamplingParams(temperature=0.0, top_p=0.9, top_k=-1, stop=["</s>"], seed=5)
+    assert sglang_sampling_params(sampling, 7) == {
+        "max_new_tokens": 7,
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "top_k": -1,
+        "stop": ["</s>"],
+        "sampling_seed": 5,
+    }
+
+
+def test_missing_sglang_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    with pytest.raises(ImportError, match="separate GPU environment"):
+        import_sglang_engine()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _req(text: str, **sampling: object) -> EngineRequest:
+    return EngineRequest(
+        sampling=SamplingParams(**sampling).merged_over(DEFAULT_SAMPLING),  # type: ignore[arg-type]
+        messages=[Message(role="user", content=text)],
+        return_tokens=True,
+    )
+
+
+async def test_lifecycle_calls_sglang_in_the_documented_order(tiny_dir: Path) -> None:
+    engine = SGLangEngine(_spec(model_path=str(tiny_dir)), "judge/0", engine_cls=FakeSGLangEngine)
+    await engine.start()
+    fake: FakeSGLangEngine = engine.sgl
+    assert fake.server_args == sglang_engine_kwargs(engine.spec, model_path=str(tiny_dir))
+    out = (await engine.generate([_req("hello", max_response_len=2)]))[0]
+    assert (out.completion_tokens, out.finish_reason) == (2, "length")
+    assert out.logprobs == [-0.25, -0.5] and len(out.token_ids or []) == 2
+    assert out.prompt_tokens == len(engine.prompts.encode(_req("hello")))  # type: ignore[union-attr]
+
+    await engine.sleep()
+    assert fake.calls[-2:] == ["flush_cache", "release_memory_occupation"]
+    assert fake.released == {"weights", "kv_cache"}
+    await engine.sleep()  # idempotent: nothing more reaches SGLang
+    assert fake.calls[-1] == "release_memory_occupation" and fake.calls.count("flush_cache") == 1
+    n_calls = len(fake.calls)
+    with pytest.raises(EngineAsleepError):
+        await engine.generate([_req("hello")])
+    with pytest.raises(EngineAsleepError):
+        await engine.update_weights({"w": torch.zeros(1)}, version=1)
+    assert len(fake.calls) == n_calls  # refused before SGLang could crash on them
+
+    await engine.wake()
+    assert fake.calls[-1] == "resume_memory_occupation" and not fake.released
+    await engine.update_weights({"model.embed_tokens.weight": torch.zeros(1)}, version=1)
+    assert fake.weight_names == ["model.embed_tokens.weight"]
+    assert (await engine.generate([_req("x")]))[0].weight_version == 1
+    await engine.shutdown()
+    assert fake.calls[-1] == "shutdown"
+
+
+def test_make_engine_builds_sglang() -> None:
+    assert isinstance(make_engine(_spec(), "judge/0"), SGLangEngine)
+
+
+@pytest.mark.gpu
+async def test_real_sglang_on_a_gpu(tiny_dir: Path) -> None:
+    if not torch.cuda.is_available() or importlib.util.find_spec("sglang") is None:
+        pytest.skip("needs a CUDA GPU and SGLang installed")
+    engine = SGLangEngine(_spec(model_path=str(tiny_dir), mem_fraction_static=0.2), "judge/0")
+    await engine.start()
+    try:
+        outs = await engine.generate([_req("hello", max_response_len=4), _req("1 + 1 =")])
+        assert len(outs) == 2 and all(o.completion_tokens > 0 for o in outs)
+        await engine.sleep()
+        await engine.wake()
+        assert (await engine.generate([_req("again", max_response_len=2)]))[0].completion_tokens
+    finally:
+        await engine.shutdown()
