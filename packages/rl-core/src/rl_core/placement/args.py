@@ -1,0 +1,217 @@
+"""The placement flags, shared by ``rl-core plan`` and ``rl-core train`` so both read one layout.
+
+The names are the original's (``--resource``, ``--colocate``, ``--rm-type``, ...), so its scripts
+translate one to one. The GenRM flags come from genrm-serve's own parser; the only thing added here
+is that a legacy judge's ``--genrm-num-gpus`` defaults to the ``genrm`` entry of ``--resource``
+(the original's scripts give only the latter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from genrm_serve.config import GenRMConfigError, InstanceSpec, add_genrm_args, build_instances
+from rl_core.placement.errors import PlacementError
+from rl_core.placement.plan import (
+    BUILTIN_POST_PROCESS,
+    KNOWN_ROLES,
+    LayoutRequest,
+    PlacementPlan,
+    RoleResource,
+    plan_layout,
+)
+
+__all__ = [
+    "add_placement_args",
+    "layout_request_from_args",
+    "parse_resource",
+    "plan_from_args",
+]
+
+_RESOURCE_EXAMPLE = '\'{"actor": [1, 8], "rollout": [1, 4], "genrm": [1, 4]}\''
+
+
+def add_placement_args(parser: argparse.ArgumentParser, *, genrm: bool = True) -> None:
+    """Add ``--resource``, the mode flags, the reward-mode flags and (``genrm``) the GenRM flags.
+
+    Flags: ``--resource``, ``--colocate``, ``--fully-async``, ``--rollout-num-gpus``,
+    ``--rollout-num-gpus-per-engine``, ``--sglang-mem-fraction-static``, ``--num-gpus-per-node``,
+    ``--rm-type``, ``--defer-reward-to-post-process``, ``--custom-reward-post-process-path``,
+    ``--builtin-reward-post-process``; with ``genrm`` also genrm-serve's ``--genrm-*`` flags, with
+    ``--genrm-num-gpus`` defaulting to None (= the ``genrm`` entry of ``--resource``).
+    """
+    g = parser.add_argument_group("placement")
+    g.add_argument(
+        "--resource",
+        default=None,
+        help="JSON {role: [groups, gpus_per_group]}; roles: "
+        + ", ".join(KNOWN_ROLES)
+        + f"; e.g. {_RESOURCE_EXAMPLE}",
+    )
+    g.add_argument(
+        "--colocate",
+        action="store_true",
+        help="all roles in one placement group; the actor takes back every GPU to train",
+    )
+    g.add_argument(
+        "--fully-async", action="store_true", help="every role on its own GPUs, in parallel"
+    )
+    g.add_argument(
+        "--rollout-num-gpus", type=int, default=None, help="rollout GPUs (= --resource rollout)"
+    )
+    g.add_argument(
+        "--rollout-num-gpus-per-engine", type=int, default=1, help="GPUs per rollout engine (TP)"
+    )
+    g.add_argument(
+        "--sglang-mem-fraction-static",
+        type=float,
+        default=None,
+        help="rollout engines' memory fraction per GPU (required in colocate-shared)",
+    )
+    g.add_argument(
+        "--num-gpus-per-node",
+        type=int,
+        default=8,
+        help="GPUs per node, for plan-time checks that an engine fits a node (default 8)",
+    )
+    r = parser.add_argument_group("reward mode")
+    r.add_argument("--rm-type", default=None, help="reward type, e.g. dapo-genrm, or dummy")
+    r.add_argument(
+        "--defer-reward-to-post-process",
+        action="store_true",
+        help="score the whole batch after rollout (defer-swap with --rm-type dummy)",
+    )
+    r.add_argument(
+        "--custom-reward-post-process-path",
+        default=None,
+        help="module.func of the post-process hook that scores the deferred batch",
+    )
+    r.add_argument(
+        "--builtin-reward-post-process",
+        action="store_true",
+        help="use rl-core's built-in defer-swap hook (rollout sleeps, judge wakes, batch scored)",
+    )
+    if genrm:
+        add_genrm_args(parser)
+        parser.set_defaults(genrm_num_gpus=None)
+
+
+def _int(role: str, what: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlacementError(
+            f"--resource: {role!r}: {what}={value!r} must be an integer "
+            "(entries are [groups, gpus_per_group])"
+        )
+    return value
+
+
+def parse_resource(value: str | Mapping[str, Any] | None) -> dict[str, RoleResource]:
+    """Parse ``--resource`` JSON into ``{role: RoleResource}``; errors name role, value, rule."""
+    if value is None:
+        raise PlacementError(f"--resource is required, e.g. --resource {_RESOURCE_EXAMPLE}")
+    if isinstance(value, Mapping):
+        raw: Any = dict(value)
+    else:
+        try:
+            raw = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise PlacementError(
+                f"--resource: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}; "
+                f"value was {value!r}; expected e.g. {_RESOURCE_EXAMPLE}"
+            ) from None
+    if not isinstance(raw, dict):
+        raise PlacementError(
+            f"--resource: must be a JSON object {{role: [groups, gpus_per_group]}}, got "
+            f"{type(raw).__name__}: {value!r}"
+        )
+    unknown = sorted(set(raw) - set(KNOWN_ROLES))
+    if unknown:
+        raise PlacementError(
+            f"--resource: unknown role(s) {unknown}; known roles: {', '.join(KNOWN_ROLES)}"
+        )
+    out: dict[str, RoleResource] = {}
+    for role, entry in raw.items():
+        if not isinstance(entry, list | tuple) or len(entry) != 2:
+            raise PlacementError(
+                f"--resource: {role!r}: expected [groups, gpus_per_group] (two integers), got "
+                f"{json.dumps(entry)}"
+            )
+        groups = _int(role, "groups", entry[0])
+        gpus = _int(role, "gpus_per_group", entry[1])
+        if groups <= 0:
+            raise PlacementError(
+                f"--resource: {role!r}: groups={groups} must be a positive integer"
+            )
+        if gpus < 0:
+            raise PlacementError(
+                f"--resource: {role!r}: gpus_per_group={gpus} must not be negative"
+            )
+        out[role] = RoleResource(groups=groups, gpus_per_group=gpus)
+    return out
+
+
+def _instances(
+    args: argparse.Namespace, resource: Mapping[str, RoleResource]
+) -> dict[str, InstanceSpec]:
+    num_gpus = getattr(args, "genrm_num_gpus", None)
+    if num_gpus is None:
+        genrm = resource.get("genrm")
+        num_gpus = genrm.total if genrm is not None and genrm.total > 0 else 1
+    try:
+        return build_instances(
+            instances=args.genrm_instances,
+            model_path=args.genrm_model_path,
+            num_gpus=num_gpus,
+            num_gpus_per_engine=args.genrm_num_gpus_per_engine,
+            engine_config=args.genrm_engine_config,
+            sampling_config=args.genrm_sampling_config,
+            engine=args.genrm_engine,
+        )
+    except GenRMConfigError as err:
+        raise PlacementError(str(err)) from err
+
+
+def layout_request_from_args(args: argparse.Namespace) -> LayoutRequest:
+    """Collect the flags of :func:`add_placement_args` into a :class:`LayoutRequest`."""
+    resource = parse_resource(args.resource)
+    post = args.custom_reward_post_process_path
+    if post and args.builtin_reward_post_process:
+        raise PlacementError(
+            f"give either --custom-reward-post-process-path ({post}) or "
+            "--builtin-reward-post-process, not both"
+        )
+    if args.builtin_reward_post_process:
+        post = BUILTIN_POST_PROCESS
+    for flag, value in (
+        ("--rollout-num-gpus", args.rollout_num_gpus),
+        ("--rollout-num-gpus-per-engine", args.rollout_num_gpus_per_engine),
+        ("--num-gpus-per-node", args.num_gpus_per_node),
+    ):
+        if value is not None and value <= 0:
+            raise PlacementError(f"{flag} {value}: must be a positive integer")
+    frac = args.sglang_mem_fraction_static
+    if frac is not None and not 0.0 < frac < 1.0:
+        raise PlacementError(
+            f"--sglang-mem-fraction-static {frac}: must be between 0 and 1 (exclusive)"
+        )
+    return LayoutRequest(
+        resource=resource,
+        colocate=args.colocate,
+        fully_async=args.fully_async,
+        rollout_num_gpus=args.rollout_num_gpus,
+        rollout_num_gpus_per_engine=args.rollout_num_gpus_per_engine,
+        rollout_mem_fraction_static=frac,
+        genrm=_instances(args, resource),
+        rm_type=args.rm_type,
+        defer_reward_to_post_process=args.defer_reward_to_post_process,
+        reward_post_process=post,
+        num_gpus_per_node=args.num_gpus_per_node,
+    )
+
+
+def plan_from_args(args: argparse.Namespace) -> PlacementPlan:
+    """The plan for parsed flags (:func:`add_placement_args`); raises PlacementError."""
+    return plan_layout(layout_request_from_args(args))
