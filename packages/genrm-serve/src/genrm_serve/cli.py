@@ -1,5 +1,335 @@
-"""Command line of the judge service (filled by the genrm-serve issue)."""
+"""``genrm-serve``: run the judge service on its own, ask for its status, shut it down.
+
+Configuration is validated completely before Ray starts: a bad flag or config file prints the
+parser's message and exits 2 within a second, instead of after a cluster start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from genrm_serve.config import (
+    ENGINE_KINDS,
+    GenRMConfigError,
+    InstanceSpec,
+    add_genrm_args,
+    build_instances,
+    instances_from_args,
+)
+from genrm_serve.serve_args import DEFAULT_APP_NAME, DEFAULT_PORT, DEFAULT_ROUTE_PREFIX, ServeArgs
+
+__all__ = ["build_parser", "load_config_file", "main"]
+
+logger = logging.getLogger("genrm_serve")
+
+_FILE_KEYS = {
+    "instances": "{route_key: {model_path, num_gpus, ...}} as for --genrm-instances",
+    "model_path": "legacy single instance, as --genrm-model-path",
+    "num_gpus": "as --genrm-num-gpus",
+    "num_gpus_per_engine": "as --genrm-num-gpus-per-engine",
+    "engine_config": "as --genrm-engine-config",
+    "sampling_config": "as --genrm-sampling-config",
+    "engine": f"default engine kind, one of {list(ENGINE_KINDS)}",
+}
+
+_EXAMPLES = f"""\
+examples:
+  # one judge (the legacy flags; route_key "__default__"), embedded Gemma model on CPU
+  genrm-serve run --genrm-model-path embedded --genrm-num-gpus 1
+
+  # two judges on one service
+  genrm-serve run --genrm-instances '{{
+      "quality": {{"model_path": "embedded", "num_gpus": 1}},
+      "safety":  {{"model_path": "embedded", "num_gpus": 1,
+                  "sampling_config": {{"temperature": 0.0}}}}}}'
+
+  # the same from a file (JSON or YAML with the keys: {", ".join(_FILE_KEYS)})
+  genrm-serve run --config judges.yaml --port 8000 --api-key "$GENRM_API_KEY"
+
+  genrm-serve status            # health of the running service
+  genrm-serve shutdown          # delete the app from the Ray cluster
+"""
 
 
-def main() -> None:
-    raise SystemExit("genrm-serve: not implemented yet")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="genrm-serve",
+        description="GenRM judge service: LLM judges on Ray Serve, routed by route_key.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,status,shutdown}")
+
+    run = sub.add_parser(
+        "run",
+        help="deploy the service and stay up until interrupted",
+        description="Start Ray (or join $RAY_ADDRESS), deploy the judge instances, print the "
+        "URL and stay up until Ctrl-C (which shuts the service down).",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_genrm_args(run)
+    run.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="JSON or YAML file with the instances (instead of the --genrm-* flags)",
+    )
+    _address_args(run)
+    run.add_argument(
+        "--api-key",
+        default=None,
+        help="bearer token clients must send (default: $GENRM_API_KEY; unset = no auth)",
+    )
+    run.add_argument(
+        "--engine-num-cpus", type=float, default=1.0, help="CPUs reserved per engine actor"
+    )
+    run.add_argument(
+        "--num-cpus", type=int, default=None, help="CPUs of the local Ray (when starting one)"
+    )
+    run.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="start Ray's dashboard with the local Ray (off by default: ~0.4 GB)",
+    )
+    run.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds to wait for every engine to be healthy before giving up (default 1800)",
+    )
+
+    run.set_defaults(parser=run)
+
+    status = sub.add_parser("status", help="print the service's health and engines")
+    _address_args(status)
+    status.add_argument("--api-key", default=None, help="bearer token (default $GENRM_API_KEY)")
+
+    shutdown = sub.add_parser("shutdown", help="delete the service from the Ray cluster")
+    shutdown.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to join (default: $RAY_ADDRESS, else the local cluster)",
+    )
+    shutdown.add_argument("--app-name", default=DEFAULT_APP_NAME, help="Serve app name")
+    return parser
+
+
+def _address_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default 8000)")
+    p.add_argument("--route-prefix", default=DEFAULT_ROUTE_PREFIX, help="default /genrm")
+    p.add_argument("--app-name", default=DEFAULT_APP_NAME, help="Serve app name (default genrm)")
+
+
+def load_config_file(path: Path) -> dict[str, InstanceSpec]:
+    """Instances from a JSON or YAML file; every mistake is a ``GenRMConfigError``."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise GenRMConfigError(f"--config {path}: cannot read: {err.strerror}") from err
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data: Any = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise GenRMConfigError(f"--config {path}: invalid YAML: {err}") from err
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise GenRMConfigError(
+                f"--config {path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}"
+            ) from err
+    if not isinstance(data, dict):
+        raise GenRMConfigError(f"--config {path}: must hold a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_FILE_KEYS))
+    if unknown:
+        raise GenRMConfigError(
+            f"--config {path}: unknown key(s) {unknown}; allowed: {sorted(_FILE_KEYS)}"
+        )
+    instances = build_instances(
+        instances=data.get("instances"),
+        model_path=data.get("model_path"),
+        num_gpus=data.get("num_gpus", 1),
+        num_gpus_per_engine=data.get("num_gpus_per_engine", 1),
+        engine_config=data.get("engine_config"),
+        sampling_config=data.get("sampling_config"),
+        engine=data.get("engine", "auto"),
+    )
+    if not instances:
+        raise GenRMConfigError(f"--config {path}: configures no instance (give 'instances')")
+    return instances
+
+
+def _resolve_run(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace
+) -> tuple[dict[str, InstanceSpec], ServeArgs]:
+    flags_given = ns.genrm_instances is not None or ns.genrm_model_path is not None
+    try:
+        if ns.config is not None:
+            if flags_given:
+                raise GenRMConfigError(
+                    "give the instances either with --config or with --genrm-instances / "
+                    "--genrm-model-path, not both"
+                )
+            instances = load_config_file(ns.config)
+        else:
+            instances = instances_from_args(ns)
+            if not instances:
+                raise GenRMConfigError(
+                    "no judge configured: give --genrm-instances, --genrm-model-path or --config"
+                )
+        args = ServeArgs(
+            host=ns.host,
+            port=ns.port,
+            route_prefix=ns.route_prefix,
+            app_name=ns.app_name,
+            api_key=ns.api_key or os.environ.get("GENRM_API_KEY") or None,
+            engine_num_cpus=ns.engine_num_cpus,
+        )
+    except GenRMConfigError as err:
+        parser.error(str(err))
+    except ValueError as err:  # pydantic's ValidationError of ServeArgs
+        parser.error(str(err))
+    return instances, args
+
+
+def _init_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False) -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Started with `uv run`, Ray 2.60 would ship the current directory to every worker and
+    # start them with `uv run` there (slow, and fatal outside the project): use this venv.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, namespace="genrm")
+    else:
+        ray.init(address="local", num_cpus=num_cpus, namespace="genrm", include_dashboard=dashboard)
+
+
+def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
+    instances, args = _resolve_run(parser, ns)
+    _init_ray(None, ns.num_cpus, ns.dashboard)
+    from ray import serve
+
+    from genrm_serve.app import build_app, deploy, wait_until_healthy
+
+    stop = {"now": False}
+
+    def _stop(_sig: int, _frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        deploy(build_app(instances, args=args), args)
+        print(f"GenRM service deployed at {args.url} (instances: {', '.join(instances)})")
+        print("waiting for the engines to load ...", flush=True)
+        try:
+            report = wait_until_healthy(args, ns.ready_timeout)
+        except TimeoutError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        print(f"ready: {json.dumps(report)}")
+        print(f"  curl {args.url}/health")
+        print(f"  OpenAI base_url: {args.url}/v1  (model = route_key)")
+        import ray
+
+        gcs = ray.get_runtime_context().gcs_address
+        print(f"  genrm-serve shutdown --address {gcs}   (or Ctrl-C here)")
+        print("Ctrl-C to stop.", flush=True)
+        while not stop["now"]:
+            time.sleep(1.0)
+            if args.app_name not in serve.status().applications:
+                print("the service was shut down from elsewhere; exiting")
+                return 0
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("shutting down ...", flush=True)
+        try:
+            serve.shutdown()  # type: ignore[no-untyped-call]
+        finally:
+            import ray
+
+            ray.shutdown()
+    return 0
+
+
+def _cmd_status(ns: argparse.Namespace) -> int:
+    import httpx
+
+    args = ServeArgs(host=ns.host, port=ns.port, route_prefix=ns.route_prefix, api_key=None)
+    key = ns.api_key or os.environ.get("GENRM_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with httpx.Client(timeout=10.0, headers=headers) as client:
+            health = client.get(f"{args.url}/health")
+            engines = client.get(f"{args.url}/engines")
+    except httpx.HTTPError as err:
+        print(f"GenRM service at {args.url}: unreachable ({err})")
+        return 3
+    print(f"GenRM service at {args.url}: HTTP {health.status_code}")
+    print(json.dumps(health.json(), indent=2))
+    if engines.status_code == 200:
+        for key_, slots in engines.json()["instances"].items():
+            for s in slots:
+                extra = f" ({s['detail']})" if s.get("detail") else ""
+                print(
+                    f"  {key_:<16} {s['engine_id']:<24} {s['state']:<10} "
+                    f"in_flight={s['in_flight']} restarts={s['restarts']}{extra}"
+                )
+    return 0 if health.status_code == 200 else 1
+
+
+def _cmd_shutdown(ns: argparse.Namespace) -> int:
+    _init_ray(ns.address or os.environ.get("RAY_ADDRESS") or "auto")
+    from ray import serve
+
+    apps = serve.status().applications
+    if ns.app_name not in apps:
+        print(f"no Serve app named {ns.app_name!r} (apps: {sorted(apps)})")
+        return 1
+    # Not blocking: the `genrm-serve run` that owns the cluster exits (and stops Ray) as soon
+    # as the app is gone, which would cut a blocking delete off mid-wait.
+    serve.delete(ns.app_name, _blocking=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if ns.app_name not in serve.status().applications:
+                break
+        except Exception:  # the cluster went away with its `run` process: deleted too
+            break
+        time.sleep(0.5)
+    else:
+        print(f"Serve app {ns.app_name!r} still deleting after 60 s", file=sys.stderr)
+        return 1
+    print(f"deleted Serve app {ns.app_name!r}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "run":
+        return _cmd_run(ns.parser, ns)
+    if ns.command == "status":
+        return _cmd_status(ns)
+    return _cmd_shutdown(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,7 +46,7 @@ Integers, fractions \\frac{1}{2}, decimals 0.5, sets {1, 2}, and intervals [0, 1
 """
 
 
-def build_tiny_tokenizer(vocab: int = 512) -> object:
+def build_tiny_tokenizer(vocab: int = 512) -> Any:
     """A byte-level BPE ``PreTrainedTokenizerFast`` of at most ``vocab`` tokens, with a template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -96,8 +96,8 @@ def build_tiny_model(
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer(vocab)
-    n_vocab = len(tokenizer)  # type: ignore[arg-type]
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in TINY_SPECIAL_TOKENS}  # type: ignore[attr-defined]
+    n_vocab = len(tokenizer)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in TINY_SPECIAL_TOKENS}
     config = LlamaConfig(
         vocab_size=n_vocab,
         hidden_size=hidden,
@@ -120,7 +120,7 @@ def build_tiny_model(
         pad_token_id=ids["<pad>"],
     )
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
+    tokenizer.save_pretrained(out)
     return out
 
 

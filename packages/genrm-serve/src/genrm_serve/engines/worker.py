@@ -107,10 +107,15 @@ class EngineWorker:
             "completion_tokens": 0,
         }
         self._start_error: str | None = None
+        self._start_lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> dict[str, Any]:
-        """Build and load the engine (idempotent); returns :meth:`info`."""
+        """Build and load the engine (idempotent, concurrent callers share one load)."""
+        async with self._start_lock:
+            return await self._start()
+
+    async def _start(self) -> dict[str, Any]:
         if self._loop_task is not None:
             return self.info()
         if self.engine is None:

@@ -1,0 +1,123 @@
+"""Build and deploy the GenRM Serve application: the one place that calls ``.bind()``.
+
+Two ways in, one app:
+
+* standalone (``genrm-serve run``): ``build_app(instances)``; the ingress makes one placement
+  group per instance (GPU bundles when the cluster has GPUs, CPU-only otherwise) and creates,
+  starts and supervises its engine actors;
+* embedded (rl-core): ``build_app(instances, engines={route_key: [EngineRef | handle | name]})``
+  with engine actors that rl-core placed into its own bundles. Give an ``EngineRef`` a
+  ``placement`` and the service re-creates a dead engine there; without one it waits for Ray to
+  restart the actor (``max_restarts``) and starts it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import httpx
+from ray import serve
+from ray.serve import Application
+from ray.serve.handle import DeploymentHandle
+
+from genrm_serve.config import GenRMConfigError, InstanceSpec
+from genrm_serve.engine_refs import EngineSource, normalize_engines
+from genrm_serve.ingress import GenRMIngress
+from genrm_serve.serve_args import ServeArgs
+
+__all__ = ["build_app", "deploy", "wait_until_healthy"]
+
+logger = logging.getLogger(__name__)
+
+
+def _max_ongoing(instances: Mapping[str, InstanceSpec], args: ServeArgs) -> int:
+    if args.max_ongoing_requests is not None:
+        return args.max_ongoing_requests
+    total = 0
+    for spec in instances.values():
+        per_engine = args.engine_inflight_limit or 2 * spec.engine_config.max_batch_size
+        total += spec.num_engines * per_engine + spec.engine_config.max_queued_requests
+    # Twice what admission lets through, so that excess requests reach the ingress and get a
+    # quick 429 instead of waiting unseen in Serve's own queue.
+    return max(1024, 2 * total)
+
+
+def build_app(
+    instances: Mapping[str, InstanceSpec],
+    *,
+    engines: Mapping[str, Sequence[EngineSource]] | None = None,
+    args: ServeArgs | None = None,
+) -> Application:
+    """The Serve application for ``instances`` (validated specs, e.g. from ``build_instances``).
+
+    Args:
+        instances: ``{route_key: InstanceSpec}``; at least one.
+        engines: engine actors created elsewhere, per route_key (an ``EngineRef``, an actor
+            handle, or a named actor's name). Instances not listed get engines of their own.
+        args: deployment settings (address, API key, supervision periods, ...).
+
+    Raises:
+        GenRMConfigError: no instance, or engines for a route_key that is not an instance.
+    """
+    if not instances:
+        raise GenRMConfigError("GenRM service: no instance configured (nothing to serve)")
+    args = args or ServeArgs()
+    for key, spec in instances.items():
+        if key != spec.route_key:
+            raise GenRMConfigError(
+                f"instance key {key!r} != its spec's route_key {spec.route_key!r}"
+            )
+    refs = normalize_engines(instances, engines)
+    deployment = cast(Any, GenRMIngress).options(
+        num_replicas=1,
+        max_ongoing_requests=_max_ongoing(instances, args),
+        max_queued_requests=-1,
+        ray_actor_options={"num_cpus": args.ingress_num_cpus},
+        health_check_period_s=10.0,
+        health_check_timeout_s=30.0,
+        graceful_shutdown_timeout_s=20.0,
+    )
+    app: Application = deployment.bind(dict(instances), refs, args)
+    return app
+
+
+def deploy(app: Application, args: ServeArgs | None = None) -> DeploymentHandle[Any]:
+    """Start Serve's HTTP proxy on ``args.host:args.port`` (if not up) and run the app.
+
+    Ray must be initialised (``ray.init``) by the caller.
+    """
+    args = args or ServeArgs()
+    serve.start(http_options={"host": args.host, "port": args.port})
+    return serve.run(app, name=args.app_name, route_prefix=args.route_prefix)
+
+
+def wait_until_healthy(
+    args: ServeArgs,
+    timeout_s: float,
+    *,
+    poll_s: float = 0.5,
+    log_every_s: float = 15.0,
+) -> dict[str, object]:
+    """Poll ``GET /health`` until 200; log what is still starting; raise ``TimeoutError``."""
+    deadline = time.monotonic() + timeout_s
+    next_log = time.monotonic() + log_every_s
+    last: object = None
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            try:
+                r = client.get(f"{args.url}/health")
+                last = r.json()
+                if r.status_code == 200:
+                    return dict(r.json())
+            except (httpx.HTTPError, ValueError) as err:
+                last = repr(err)
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"GenRM service not healthy after {timeout_s}s: {last}")
+            if now >= next_log:
+                logger.info("waiting for the GenRM engines: %s", last)
+                next_log = now + log_every_s
+            time.sleep(poll_s)

@@ -1,0 +1,424 @@
+"""One instance's engines: admission, least-loaded choice, one retry on another engine.
+
+An instance (route_key) is served by a list of engine slots. Each request takes the healthy
+engine with the fewest requests in flight; an engine holds at most ``inflight_limit`` requests at
+once (its batcher needs the next batch ready, not the whole queue), the rest wait here in FIFO
+order, and past ``max_queued_requests`` waiting the instance answers 429. An engine that fails a
+request is left out and the request tried once more on another engine; after that, 503. The
+router never probes: the supervisor owns health; the router only reports actor deaths it sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from genrm_serve.config import InstanceSpec
+from genrm_serve.engine_refs import EngineRef
+from genrm_serve.engines.base import (
+    EngineAsleepError,
+    EngineOutput,
+    EngineRequest,
+    PromptTooLongError,
+)
+from genrm_serve.errors import ServiceError
+
+__all__ = ["EngineSlot", "InstanceRouter", "SlotState", "error_message"]
+
+logger = logging.getLogger(__name__)
+
+#: pending: no actor yet (being created, or waiting out the restart back-off); starting: the
+#: actor exists and loads its model; healthy: serving; unhealthy: a probe failed; dead: the
+#: actor is gone.
+SlotState = Literal["pending", "starting", "healthy", "unhealthy", "dead"]
+
+_ACTOR_GONE = (RayActorError, ActorUnavailableError)
+
+
+def error_message(err: BaseException) -> str:
+    """The message of the engine's own exception, without Ray's remote traceback."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException) and cause is not err:
+        err = cause
+    text = str(err).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def _cancel(ref: Any) -> None:
+    if ref is None:
+        return
+    try:
+        ray.cancel(ref)
+    except Exception:  # already finished, or the actor is gone
+        logger.debug("could not cancel an engine call", exc_info=True)
+
+
+@dataclass
+class EngineSlot:
+    """The service's view of one engine actor."""
+
+    route_key: str
+    index: int
+    ref: EngineRef
+    handle: Any = None
+    state: SlotState = "pending"
+    in_flight: int = 0
+    detail: str | None = "not started yet"
+    restarts: int = 0
+    failures_in_row: int = 0
+    next_attempt_at: float = 0.0
+    #: The service created this actor (standalone, or a re-creation): it kills it on shutdown.
+    owned: bool = False
+    job: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def engine_id(self) -> str:
+        return f"{self.route_key}/{self.index}"
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "healthy"
+
+
+@dataclass
+class _Waiter:
+    n: int
+    exclude: frozenset[str]
+    future: asyncio.Future[EngineSlot]
+
+
+class _EngineFailure(Exception):
+    """An engine could not serve a request; another engine may."""
+
+    def __init__(self, slot: EngineSlot, err: BaseException) -> None:
+        super().__init__(f"engine {slot.engine_id} failed: {error_message(err)}")
+        self.slot = slot
+        self.asleep = isinstance(err, EngineAsleepError)
+
+
+class InstanceRouter:
+    """Routes one instance's requests onto its engine slots."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        slots: Sequence[EngineSlot],
+        *,
+        inflight_limit: int,
+        request_timeout_s: float,
+        on_engine_gone: Callable[[EngineSlot], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.route_key = spec.route_key
+        self.slots = list(slots)
+        self.inflight_limit = inflight_limit
+        self.max_queued = spec.engine_config.max_queued_requests
+        self.max_batch = spec.engine_config.max_batch_size
+        self.request_timeout_s = request_timeout_s
+        self.asleep = False
+        self._on_engine_gone = on_engine_gone
+        self._waiters: deque[_Waiter] = deque()
+        self._rr = 0
+        self._avg_latency_s = 0.5
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- state, for health and metrics ---------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        return sum(w.n for w in self._waiters if not w.future.done())
+
+    @property
+    def in_flight(self) -> int:
+        return sum(s.in_flight for s in self.slots)
+
+    @property
+    def engines_healthy(self) -> int:
+        return sum(1 for s in self.slots if s.healthy)
+
+    # ---- health transitions (called by the supervisor, and on actor death) -------------
+
+    def set_state(self, slot: EngineSlot, state: SlotState, detail: str | None = None) -> None:
+        if slot.state != state:
+            logger.info("engine %s: %s -> %s (%s)", slot.engine_id, slot.state, state, detail)
+        slot.state = state
+        slot.detail = detail
+        self._dispatch()
+
+    def engine_gone(self, slot: EngineSlot, err: BaseException) -> None:
+        """A call found the actor dead: stop routing to it now, let the supervisor revive it."""
+        if slot.state in ("healthy", "unhealthy", "starting"):
+            self.set_state(slot, "dead", f"actor died: {error_message(err)}")
+            if self._on_engine_gone is not None:
+                self._on_engine_gone(slot)
+
+    # ---- admission and choice ------------------------------------------------------------
+
+    def _retry_after(self) -> float:
+        engines = max(1, self.engines_healthy)
+        return max(1.0, self._avg_latency_s * self.queued / (engines * self.inflight_limit))
+
+    def _no_engine_error(self, exclude: frozenset[str] = frozenset()) -> ServiceError:
+        down = [
+            f"{s.engine_id}: {s.state}" + (f" ({s.detail})" if s.detail else "")
+            for s in self.slots
+            if not s.healthy or s.engine_id in exclude
+        ]
+        return ServiceError.unavailable(
+            self.route_key, "no healthy engine to serve the request [" + "; ".join(down) + "]"
+        )
+
+    def admit(self, n: int = 1) -> None:
+        """Refuse now (429 / 503) what the instance cannot take; never waits."""
+        if self.asleep:
+            raise ServiceError.asleep(self.route_key)
+        if not any(s.healthy for s in self.slots):
+            raise self._no_engine_error()
+        queued = self.queued
+        would_wait = bool(self._waiters) or self._pick(n, frozenset()) is None
+        if would_wait and queued > 0 and queued + n > self.max_queued:
+            raise ServiceError.overloaded(
+                self.route_key, queued, self.max_queued, self._retry_after()
+            )
+
+    def _pick(self, n: int, exclude: frozenset[str]) -> EngineSlot | None:
+        best: EngineSlot | None = None
+        count = len(self.slots)
+        for i in range(count):
+            slot = self.slots[(self._rr + i) % count]
+            if not slot.healthy or slot.engine_id in exclude:
+                continue
+            if slot.in_flight + n > self.inflight_limit and slot.in_flight > 0:
+                continue
+            if best is None or slot.in_flight < best.in_flight:
+                best = slot
+        return best
+
+    def _take(self, slot: EngineSlot, n: int) -> None:
+        slot.in_flight += n
+        self._idle.clear()
+        # Ties go round-robin: the next search starts after the engine just chosen.
+        self._rr = (self.slots.index(slot) + 1) % len(self.slots)
+
+    def _dispatch(self) -> None:
+        while self._waiters:
+            waiter = self._waiters[0]
+            if waiter.future.done():
+                self._waiters.popleft()
+                continue
+            if self.asleep:
+                self._waiters.popleft()
+                waiter.future.set_exception(ServiceError.asleep(self.route_key))
+                continue
+            if not any(s.healthy and s.engine_id not in waiter.exclude for s in self.slots):
+                self._waiters.popleft()
+                waiter.future.set_exception(self._no_engine_error(waiter.exclude))
+                continue
+            slot = self._pick(waiter.n, waiter.exclude)
+            if slot is None:
+                return
+            self._waiters.popleft()
+            self._take(slot, waiter.n)
+            waiter.future.set_result(slot)
+
+    async def acquire(self, n: int = 1, exclude: frozenset[str] = frozenset()) -> EngineSlot:
+        """Reserve ``n`` request slots on the least-loaded healthy engine, waiting in line."""
+        if self.asleep:
+            raise ServiceError.asleep(self.route_key)
+        if not self._waiters:
+            slot = self._pick(n, exclude)
+            if slot is not None:
+                self._take(slot, n)
+                return slot
+        if not any(s.healthy and s.engine_id not in exclude for s in self.slots):
+            raise self._no_engine_error(exclude)
+        future: asyncio.Future[EngineSlot] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(n, exclude, future)
+        self._waiters.append(waiter)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.request_timeout_s)
+        except BaseException as err:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result(), n)
+            else:
+                future.cancel()
+            if isinstance(err, TimeoutError):
+                raise ServiceError(
+                    504,
+                    "timeout",
+                    f"route_key={self.route_key}: no engine slot freed up within "
+                    f"request_timeout_s={self.request_timeout_s}",
+                    route_key=self.route_key,
+                ) from err
+            raise
+
+    def release(self, slot: EngineSlot, n: int = 1) -> None:
+        slot.in_flight = max(0, slot.in_flight - n)
+        self._dispatch()
+        if self.in_flight == 0:
+            self._idle.set()
+
+    # ---- calls -----------------------------------------------------------------------------
+
+    async def _call(self, slot: EngineSlot, method: str, payload: Any) -> Any:
+        start = time.monotonic()
+        ref: Any = None
+        try:
+            ref = getattr(slot.handle, method).remote(payload)
+            result = await asyncio.wait_for(ref, self.request_timeout_s)
+        except asyncio.CancelledError:
+            _cancel(ref)  # the caller went away: free the engine's slot for someone else
+            raise
+        except PromptTooLongError as err:
+            raise ServiceError(
+                413, "prompt_too_long", error_message(err), route_key=self.route_key
+            ) from err
+        except TimeoutError as err:
+            _cancel(ref)
+            raise ServiceError(
+                504,
+                "timeout",
+                f"route_key={self.route_key}: engine {slot.engine_id} did not answer within "
+                f"request_timeout_s={self.request_timeout_s}",
+                route_key=self.route_key,
+            ) from err
+        except _ACTOR_GONE as err:
+            self.engine_gone(slot, err)
+            raise _EngineFailure(slot, err) from err
+        except EngineAsleepError as err:
+            raise _EngineFailure(slot, err) from err
+        except Exception as err:
+            logger.warning("engine %s failed a request: %s", slot.engine_id, error_message(err))
+            raise _EngineFailure(slot, err) from err
+        self._avg_latency_s = 0.9 * self._avg_latency_s + 0.1 * (time.monotonic() - start)
+        return result
+
+    async def _with_retry(self, n: int, method: str, payload: Any) -> tuple[Any, EngineSlot]:
+        slot = await self.acquire(n)
+        try:
+            return await self._call(slot, method, payload), slot
+        except _EngineFailure as first:
+            failure = first
+        finally:
+            self.release(slot, n)
+        try:
+            retry = await self.acquire(n, frozenset({slot.engine_id}))
+        except ServiceError as err:
+            if failure.asleep:  # engines put to sleep directly on their actors (rl-core)
+                raise ServiceError.asleep(self.route_key) from err
+            raise ServiceError.unavailable(
+                self.route_key, f"{failure}; no other healthy engine to retry on"
+            ) from err
+        try:
+            return await self._call(retry, method, payload), retry
+        except _EngineFailure as second:
+            if failure.asleep and second.asleep:
+                raise ServiceError.asleep(self.route_key) from second
+            raise ServiceError.unavailable(
+                self.route_key, f"{failure}; the retry failed too: {second}"
+            ) from second
+        finally:
+            self.release(retry, n)
+
+    async def generate(
+        self, request: EngineRequest, *, admitted: bool = False
+    ) -> tuple[EngineOutput, EngineSlot]:
+        """One request: least-loaded engine, one retry elsewhere on an engine failure."""
+        if not admitted:
+            self.admit(1)
+        out, slot = await self._with_retry(1, "generate", request)
+        return out, slot
+
+    async def generate_many(
+        self, requests: list[EngineRequest]
+    ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
+        """Many requests, in chunks of ``max_batch_size`` spread over the engines, in order.
+
+        A chunk that one bad prompt spoils (over-long) is re-run request by request, so that
+        only that request gets the error.
+        """
+        chunks = [requests[i : i + self.max_batch] for i in range(0, len(requests), self.max_batch)]
+
+        async def run_chunk(
+            chunk: list[EngineRequest],
+        ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
+            try:
+                outs, slot = await self._with_retry(len(chunk), "generate_many", chunk)
+            except ServiceError as err:
+                if err.type != "prompt_too_long" or len(chunk) == 1:
+                    return [err] * len(chunk)
+                return list(await asyncio.gather(*(self._one(r) for r in chunk)))
+            results: list[tuple[EngineOutput, EngineSlot] | ServiceError] = []
+            for out in outs:
+                if isinstance(out, BaseException):
+                    results.append(self._item_error(out))
+                else:
+                    results.append((out, slot))
+            return results
+
+        parts = await asyncio.gather(*(run_chunk(c) for c in chunks))
+        return [r for part in parts for r in part]
+
+    async def _one(self, request: EngineRequest) -> tuple[EngineOutput, EngineSlot] | ServiceError:
+        try:
+            return await self.generate(request, admitted=True)
+        except ServiceError as err:
+            return err
+
+    def _item_error(self, err: BaseException) -> ServiceError:
+        if isinstance(err, ServiceError):
+            return err
+        if isinstance(err, PromptTooLongError):
+            return ServiceError(
+                413, "prompt_too_long", error_message(err), route_key=self.route_key
+            )
+        return ServiceError.unavailable(self.route_key, error_message(err))
+
+    # ---- sleep / wake ----------------------------------------------------------------------
+
+    async def sleep(self, timeout_s: float) -> None:
+        """Stop admitting, let in-flight requests finish, then free every engine's memory."""
+        self.asleep = True
+        self._dispatch()
+        deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        await self._on_engines("sleep", max(1.0, deadline - time.monotonic()))
+
+    async def wake(self, timeout_s: float) -> None:
+        """Restore every engine's memory, then admit requests again."""
+        await self._on_engines("wake", timeout_s)
+        self.asleep = False
+        self._dispatch()
+
+    async def _on_engines(self, method: str, timeout_s: float) -> None:
+        slots = [s for s in self.slots if s.handle is not None and s.state == "healthy"]
+
+        async def one(slot: EngineSlot) -> str | None:
+            try:
+                await asyncio.wait_for(getattr(slot.handle, method).remote(), timeout_s)
+            except Exception as err:
+                if isinstance(err, _ACTOR_GONE):
+                    self.engine_gone(slot, err)
+                return f"{slot.engine_id}: {error_message(err)}"
+            return None
+
+        errors = [e for e in await asyncio.gather(*(one(s) for s in slots)) if e]
+        if errors:
+            raise ServiceError(
+                503,
+                f"{method}_failed",
+                f"route_key={self.route_key}: {method} failed on " + "; ".join(errors),
+                route_key=self.route_key,
+            )

@@ -1,0 +1,65 @@
+"""How the service itself is deployed: address, auth, supervision and admission knobs.
+
+Kept apart from ``config.py`` (what each judge instance *is*) because rl-core reuses the
+instance parser but chooses its own deployment settings. Every knob has the value used by
+``genrm-serve run`` as its default; tests shrink the periods.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["DEFAULT_APP_NAME", "DEFAULT_PORT", "DEFAULT_ROUTE_PREFIX", "ServeArgs"]
+
+DEFAULT_PORT = 8000
+DEFAULT_ROUTE_PREFIX = "/genrm"
+DEFAULT_APP_NAME = "genrm"
+
+
+def _api_key_from_env() -> str | None:
+    return os.environ.get("GENRM_API_KEY") or None
+
+
+class ServeArgs(BaseModel):
+    """Deployment settings of the GenRM Serve application."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    route_prefix: str = DEFAULT_ROUTE_PREFIX
+    app_name: str = DEFAULT_APP_NAME
+    #: Bearer token every request except ``GET /health`` must carry; None = no auth.
+    #: Defaults to ``$GENRM_API_KEY`` where the app is built (not where the replica runs).
+    api_key: str | None = Field(default_factory=_api_key_from_env)
+
+    #: Ray Serve's per-replica bound. Its default of 5 cut throughput ~10x under 32 clients;
+    #: admission control is ours (per instance, 429), so Serve must never be the bottleneck.
+    #: None = computed from the instances (every engine's in-flight slots plus every queue, x2).
+    max_ongoing_requests: int | None = Field(default=None, gt=0)
+    #: CPUs of the ingress replica (it only awaits engine actors).
+    ingress_num_cpus: float = Field(default=0.1, ge=0.0)
+    #: CPUs of each engine actor the service creates itself (standalone mode).
+    engine_num_cpus: float = Field(default=1.0, gt=0.0)
+    #: Requests one engine may hold at once (its batcher fills the next batch while one runs);
+    #: None = 2 x the instance's ``max_batch_size``. Beyond it requests wait in the instance queue.
+    engine_inflight_limit: int | None = Field(default=None, gt=0)
+
+    #: How often the supervisor probes every engine, and how long one probe may take.
+    health_check_period_s: float = Field(default=2.0, gt=0.0)
+    probe_timeout_s: float = Field(default=10.0, gt=0.0)
+    #: Deadline of one engine call (a judge request), and of an engine's start (model load).
+    request_timeout_s: float = Field(default=600.0, gt=0.0)
+    engine_start_timeout_s: float = Field(default=1800.0, gt=0.0)
+    #: Delay before re-creating a dead engine; doubles on each failure in a row, up to the max.
+    restart_backoff_s: float = Field(default=1.0, ge=0.0)
+    restart_backoff_max_s: float = Field(default=30.0, ge=0.0)
+    #: Deadline of sleep / wake on every engine.
+    sleep_timeout_s: float = Field(default=300.0, gt=0.0)
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}{self.route_prefix}"

@@ -1,0 +1,207 @@
+"""Keeps every engine alive: creates, starts, probes and re-creates engine actors.
+
+Runs as one background task in the ingress replica. Probes run concurrently, each under its own
+timeout, and only ever update the slots' state: ``GET /health`` reads that state and never waits
+on an engine, so a slow or dead engine cannot stall health checks or generate traffic. A dead
+engine with a known placement is re-created in the same bundle after a back-off that doubles on
+each failure in a row; one without (an actor someone else created) is probed until Ray restarts
+it, then started again and let back in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from genrm_serve.config import InstanceSpec
+from genrm_serve.router import EngineSlot, InstanceRouter, error_message
+from genrm_serve.serve_args import ServeArgs
+
+__all__ = ["EngineFactory", "EngineSupervisor"]
+
+logger = logging.getLogger(__name__)
+
+#: Creates the actor of one slot; returns its handle (``create_engine_worker`` by default).
+EngineFactory = Callable[[InstanceSpec, EngineSlot], Any]
+
+_ACTOR_GONE = (RayActorError, ActorUnavailableError)
+
+
+def default_engine_factory(spec: InstanceSpec, slot: EngineSlot) -> Any:
+    from genrm_serve.engines.worker import create_engine_worker
+
+    p = slot.ref.placement
+    assert p is not None
+    return create_engine_worker(
+        spec,
+        slot.index,
+        placement_group=p.placement_group,
+        bundle_index=p.bundle_index,
+        num_gpus=p.num_gpus,
+        num_cpus=p.num_cpus,
+        name=slot.ref.create_name,
+    )
+
+
+class EngineSupervisor:
+    """Tends every slot of every instance in the background."""
+
+    def __init__(
+        self,
+        routers: Mapping[str, InstanceRouter],
+        args: ServeArgs,
+        factory: EngineFactory = default_engine_factory,
+    ) -> None:
+        self.routers = routers
+        self.args = args
+        self.factory = factory
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="genrm-supervisor")
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def kick(self, _slot: EngineSlot | None = None) -> None:
+        """Look at the engines now instead of at the next period."""
+        self._kick.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        tasks = [s.job for r in self.routers.values() for s in r.slots if s.job is not None]
+        if self._task is not None:
+            tasks.append(self._task)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            for router in self.routers.values():
+                for slot in router.slots:
+                    if slot.job is None or slot.job.done():
+                        slot.job = asyncio.get_running_loop().create_task(
+                            self._tend(router, slot), name=f"genrm-tend-{slot.engine_id}"
+                        )
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.args.health_check_period_s)
+
+    # ---- one slot ------------------------------------------------------------------------
+
+    async def _tend(self, router: InstanceRouter, slot: EngineSlot) -> None:
+        try:
+            if slot.handle is None:
+                if time.monotonic() < slot.next_attempt_at:
+                    return
+                await self._create(router, slot)
+            if slot.state in ("pending", "starting"):
+                await self._start(router, slot)
+            else:
+                await self._probe(router, slot)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # never let one engine's trouble stop the supervisor
+            logger.exception("supervising engine %s failed", slot.engine_id)
+            self._failed(router, slot, f"supervisor: {error_message(err)}")
+
+    def _failed(self, router: InstanceRouter, slot: EngineSlot, detail: str) -> None:
+        slot.failures_in_row += 1
+        backoff = min(
+            self.args.restart_backoff_max_s,
+            self.args.restart_backoff_s * 2 ** (slot.failures_in_row - 1),
+        )
+        slot.next_attempt_at = time.monotonic() + backoff
+        if slot.ref.recreatable:
+            old, slot.handle = slot.handle, None
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(old, no_restart=True)
+            router.set_state(slot, "pending", f"{detail}; re-creating in {backoff:.1f}s")
+        else:
+            router.set_state(slot, "dead", detail)
+
+    async def _create(self, router: InstanceRouter, slot: EngineSlot) -> None:
+        ref = slot.ref
+        if ref.handle is not None and slot.restarts == 0 and slot.failures_in_row == 0:
+            slot.handle = ref.handle
+        elif ref.name is not None and not ref.recreatable:
+            slot.handle = ray.get_actor(ref.name, namespace=ref.namespace)
+        else:
+            pg = ref.placement.placement_group if ref.placement is not None else None
+            if pg is not None:
+                router.set_state(slot, "pending", "waiting for the placement group's resources")
+                await asyncio.wait_for(pg.ready(), self.args.engine_start_timeout_s)
+            if slot.failures_in_row or slot.restarts:
+                slot.restarts += 1
+            slot.handle = self.factory(router.spec, slot)
+            slot.owned = True
+        router.set_state(slot, "starting", "loading the model")
+
+    async def _start(self, router: InstanceRouter, slot: EngineSlot) -> None:
+        router.set_state(slot, "starting", "loading the model")
+        try:
+            await asyncio.wait_for(slot.handle.start.remote(), self.args.engine_start_timeout_s)
+            if router.asleep:
+                await asyncio.wait_for(slot.handle.sleep.remote(), self.args.sleep_timeout_s)
+            await asyncio.wait_for(slot.handle.check_health.remote(), self.args.probe_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self._failed(router, slot, f"start failed: {error_message(err)}")
+            return
+        slot.failures_in_row = 0
+        router.set_state(slot, "healthy", None)
+
+    async def _probe(self, router: InstanceRouter, slot: EngineSlot) -> None:
+        try:
+            await asyncio.wait_for(slot.handle.check_health.remote(), self.args.probe_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except _ACTOR_GONE as err:
+            if slot.ref.recreatable:
+                self._failed(router, slot, f"actor died: {error_message(err)}")
+            else:
+                router.set_state(slot, "dead", f"actor unavailable: {error_message(err)}")
+            return
+        except TimeoutError:
+            router.set_state(
+                slot, "unhealthy", f"health probe timed out after {self.args.probe_timeout_s}s"
+            )
+            return
+        except Exception as err:
+            if slot.state == "dead" or await self._not_started(slot):
+                # The actor answers again (Ray restarted it) but has not loaded its model.
+                await self._start(router, slot)
+            else:
+                router.set_state(slot, "unhealthy", f"health probe failed: {error_message(err)}")
+            return
+        if slot.state == "dead":
+            # Ray restarted an actor we did not create: it must load its model again.
+            await self._start(router, slot)
+            return
+        slot.failures_in_row = 0
+        router.set_state(slot, "healthy", None)
+
+    async def _not_started(self, slot: EngineSlot) -> bool:
+        """Whether the actor is up but fresh (Ray restarted it faster than a probe period)."""
+        try:
+            info = await asyncio.wait_for(slot.handle.info.remote(), self.args.probe_timeout_s)
+        except Exception:
+            return False
+        return isinstance(info, dict) and info.get("state") == "created"

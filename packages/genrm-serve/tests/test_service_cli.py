@@ -1,0 +1,230 @@
+"""``genrm-serve``: every configuration error exits 2 with its message before Ray starts; ``run``
+serves two instances, ``status`` reports them and ``shutdown`` ends them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import ray
+
+from genrm_serve.cli import main
+
+GOOD = '{"a": {"model_path": "scripted", "num_gpus": 1}}'
+
+
+def _exit_2(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    assert info.value.code == 2
+    assert not ray.is_initialized()  # refused before Ray starts
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ((), "no judge configured"),
+        (
+            (
+                "--genrm-instances",
+                '{"a": {"model_path": "m"}}',
+            ),
+            "missing required key 'num_gpus'",
+        ),
+        (
+            (
+                "--genrm-instances",
+                '{"a": {"num_gpus": 1}}',
+            ),
+            "missing required key 'model_path'",
+        ),
+        (
+            (
+                "--genrm-instances",
+                '{"a": {"model_path": "m", "num_gpus": 3, "num_gpus_per_engine": 2}}',
+            ),
+            "num_gpus=3 must be a multiple of num_gpus_per_engine=2",
+        ),
+        (
+            ("--genrm-instances", '{"a": {"model_path": "m", "num_gpus": 0}}'),
+            "num_gpus=0 must be a positive integer",
+        ),
+        (
+            ("--genrm-model-path", "m", "--genrm-engine-config", '{"max_ctx_len": 10}'),
+            "unknown engine_config key 'max_ctx_len'",
+        ),
+        (
+            ("--genrm-model-path", "m", "--genrm-sampling-config", '{"temp": 0.1}'),
+            "unknown sampling_config key 'temp'",
+        ),
+        (
+            ("--genrm-model-path", "m", "--genrm-engine-config", '{"max_context_len": -1}'),
+            "max_context_len",
+        ),
+        (("--genrm-instances", '{"a": {'), "--genrm-instances: invalid JSON at line 1 column"),
+        (("--genrm-instances", GOOD, "--port", "70000"), "port"),
+    ],
+    ids=[
+        "nothing",
+        "no-num_gpus",
+        "no-model_path",
+        "not-a-multiple",
+        "zero-gpus",
+        "unknown-engine-key",
+        "unknown-sampling-key",
+        "negative-context",
+        "bad-json",
+        "bad-port",
+    ],
+)
+def test_config_errors_exit_2_with_the_message(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
+    err = _exit_2(capsys, "run", *argv)
+    assert message in err
+    assert "usage: genrm-serve run" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("bad.json", '{"instances": ', "invalid JSON at line 1"),
+        ("bad.yaml", "instances: [a, b", "invalid YAML"),
+        ("unknown.yaml", "instances: {}\nport: 8000\n", "unknown key(s) ['port']"),
+        ("list.json", "[1, 2]", "must hold a mapping"),
+        (
+            "no-gpus.yaml",
+            "instances:\n  q:\n    model_path: m\n",
+            "missing required key 'num_gpus'",
+        ),
+        ("empty.yaml", "engine: scripted\n", "configures no instance"),
+    ],
+    ids=["bad-json", "bad-yaml", "unknown-key", "not-a-mapping", "no-num_gpus", "no-instance"],
+)
+def test_config_file_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    assert message in _exit_2(capsys, "run", "--config", str(path))
+
+
+def test_config_file_and_flags_together_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "j.json"
+    path.write_text(json.dumps({"instances": json.loads(GOOD)}))
+    err = _exit_2(capsys, "run", "--config", str(path), "--genrm-instances", GOOD)
+    assert "not both" in err
+    assert _exit_2(capsys, "run", "--config", str(tmp_path / "missing.yaml")).count("cannot read")
+
+
+def test_the_installed_command_exits_2_and_has_help() -> None:
+    cmd = [sys.executable, "-m", "genrm_serve.cli"]
+    bad = subprocess.run(
+        [*cmd, "run", "--genrm-instances", '{"a": {"model_path": "m"}}'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert "missing required key 'num_gpus'" in bad.stderr
+    helped = subprocess.run([*cmd, "run", "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0
+    for flag in ("--genrm-instances", "--config", "--port", "--api-key", "examples:"):
+        assert flag in helped.stdout
+
+
+@pytest.mark.slow
+def test_run_serves_two_instances_until_shutdown(tmp_path: Path, unused_port: int) -> None:
+    port = unused_port
+    config = tmp_path / "judges.yaml"
+    config.write_text(
+        "engine: scripted\n"
+        "instances:\n"
+        "  quality: {model_path: 'scripted:q', num_gpus: 1}\n"
+        "  safety: {model_path: 'scripted:s', num_gpus: 2}\n"
+    )
+    env = {**os.environ, "GENRM_API_KEY": ""}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "genrm_serve.cli",
+            "run",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--num-cpus",
+            "4",
+            "--engine-num-cpus",
+            "0.1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("Ctrl-C to stop"):
+                break
+        assert any(line.startswith("ready:") for line in lines), "".join(lines[-30:])
+        url = f"http://127.0.0.1:{port}/genrm"
+        assert any(url in line for line in lines)
+        health = httpx.get(f"{url}/health", timeout=10)
+        assert health.status_code == 200
+        assert set(health.json()["instances"]) == {"quality", "safety"}
+        for key, reply in (("quality", "q"), ("safety", "s")):
+            r = httpx.post(
+                f"{url}/generate",
+                json={"messages": [{"role": "user", "content": "x"}], "route_key": key},
+                timeout=30,
+            )
+            assert r.json()["response"] == reply
+        status = subprocess.run(
+            [sys.executable, "-m", "genrm_serve.cli", "status", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "safety/1" in status.stdout and "healthy" in status.stdout
+        address = next(ln for ln in lines if "genrm-serve shutdown --address" in ln).split()[3]
+        down = subprocess.run(
+            [sys.executable, "-m", "genrm_serve.cli", "shutdown", "--address", address],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "deleted Serve app 'genrm'" in down.stdout
+    finally:
+        if proc.poll() is None:
+            try:
+                proc.wait(timeout=30)  # `run` notices the app is gone and exits
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+    assert proc.returncode == 0, "".join(lines[-20:]) + out[-3000:]
+    assert "shut down from elsewhere" in out

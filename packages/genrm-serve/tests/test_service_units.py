@@ -1,0 +1,213 @@
+"""The service's pure parts: health bodies, admission and least-loaded choice, request mapping.
+
+No Ray here: routers are built over engine slots without actors, which is all that admission,
+engine choice and health need (they read slot state, never call an engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from genrm_client.types import DEFAULT_ROUTE_KEY, SamplingParams
+from genrm_serve.app import _max_ongoing, build_app
+from genrm_serve.config import GenRMConfigError, InstanceSpec, build_instances
+from genrm_serve.engine_refs import EngineRef, instance_bundles, normalize_engines
+from genrm_serve.errors import ServiceError
+from genrm_serve.health import health_report
+from genrm_serve.ingress import _sampling
+from genrm_serve.openai_compat import ChatCompletionRequest
+from genrm_serve.router import EngineSlot, InstanceRouter
+
+
+def _spec(key: str = "q", num_gpus: int = 2, **engine_config: int) -> InstanceSpec:
+    return build_instances(
+        instances={key: {"model_path": "scripted", "num_gpus": num_gpus}},
+        engine_config=dict(engine_config) or None,
+    )[key]
+
+
+def _router(key: str = "q", engines: int = 2, limit: int = 2, queue: int = 3) -> InstanceRouter:
+    spec = _spec(key, engines, max_queued_requests=queue)
+    slots = [EngineSlot(route_key=key, index=i, ref=EngineRef()) for i in range(engines)]
+    for s in slots:
+        s.state = "healthy"
+    return InstanceRouter(spec, slots, inflight_limit=limit, request_timeout_s=5.0)
+
+
+# ---- health ----------------------------------------------------------------------------------
+
+
+def test_health_body_with_one_healthy_instance_is_exact() -> None:
+    assert health_report({"q": _router()}) == (200, {"status": "healthy", "service": "genrm"})
+
+
+def test_health_body_with_several_instances_lists_them() -> None:
+    status, body = health_report({"a": _router("a"), "b": _router("b")})
+    assert status == 200
+    assert body["instances"] == {"a": {"status": "healthy"}, "b": {"status": "healthy"}}
+
+
+def test_one_engine_down_is_503_degraded_with_detail() -> None:
+    r = _router()
+    r.set_state(r.slots[1], "dead", "actor died: boom")
+    status, body = health_report({"q": r})
+    assert status == 503
+    assert body["status"] == "unhealthy"
+    q = body["instances"]["q"]
+    assert q["status"] == "degraded" and q["engines_healthy"] == 1 and q["engines_total"] == 2
+    assert "q/1: dead (actor died: boom)" in q["detail"]
+
+
+def test_an_asleep_instance_is_healthy_but_says_so() -> None:
+    r = _router()
+    r.asleep = True
+    status, body = health_report({"q": r})
+    assert status == 200
+    assert body["instances"]["q"]["status"] == "asleep"
+
+
+# ---- admission and engine choice -------------------------------------------------------------
+
+
+async def test_least_loaded_engine_is_chosen_and_ties_alternate() -> None:
+    r = _router(limit=4)
+    first = await r.acquire()
+    second = await r.acquire()
+    assert {first.index, second.index} == {0, 1}
+    r.release(first)
+    third = await r.acquire()
+    assert third is first  # now the least loaded
+    assert r.in_flight == 2
+
+
+async def test_requests_wait_in_fifo_past_the_inflight_limit_then_429() -> None:
+    r = _router(engines=1, limit=1, queue=2)
+    held = await r.acquire()
+    waiting = [asyncio.ensure_future(r.acquire()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert r.queued == 2
+    with pytest.raises(ServiceError) as info:
+        r.admit()
+    assert info.value.status == 429 and info.value.type == "overloaded"
+    assert int(info.value.headers()["Retry-After"]) >= 1
+    r.release(held)
+    got = await waiting[0]
+    assert got is held and r.queued == 1
+    r.release(got)
+    r.release(await waiting[1])
+    assert r.in_flight == 0 and r.queued == 0
+    r.admit()  # room again
+
+
+async def test_no_healthy_engine_is_503_at_once_and_fails_the_waiters() -> None:
+    r = _router(engines=1, limit=1)
+    held = await r.acquire()
+    waiter = asyncio.ensure_future(r.acquire())
+    await asyncio.sleep(0)
+    r.set_state(r.slots[0], "dead", "gone")
+    with pytest.raises(ServiceError) as info:
+        await waiter
+    assert info.value.status == 503 and "q/0: dead (gone)" in info.value.message
+    with pytest.raises(ServiceError):
+        r.admit()
+    r.release(held)
+
+
+async def test_retry_excludes_the_failed_engine() -> None:
+    r = _router(limit=4)
+    slot = await r.acquire(1, frozenset({"q/0"}))
+    assert slot.engine_id == "q/1"
+    r.set_state(r.slots[1], "unhealthy", "probe failed")
+    with pytest.raises(ServiceError) as info:
+        await r.acquire(1, frozenset({"q/0"}))
+    assert info.value.status == 503
+
+
+def test_asleep_instance_refuses_with_503() -> None:
+    r = _router()
+    r.asleep = True
+    with pytest.raises(ServiceError) as info:
+        r.admit()
+    assert (info.value.status, info.value.type) == (503, "instance_asleep")
+
+
+# ---- request mapping -------------------------------------------------------------------------
+
+
+def test_request_sampling_overrides_the_instance_and_merges_template_kwargs() -> None:
+    base = SamplingParams(
+        temperature=0.1, top_p=1.0, max_response_len=4096, chat_template_kwargs={"a": 1}
+    )
+    merged = _sampling(base, SamplingParams(temperature=0.7, chat_template_kwargs={"b": 2}))
+    assert merged.temperature == 0.7 and merged.max_response_len == 4096
+    assert merged.chat_template_kwargs == {"a": 1, "b": 2}
+    assert _sampling(base, None) is base
+
+
+def test_openai_request_maps_to_messages_and_sampling() -> None:
+    req = ChatCompletionRequest.model_validate(
+        {
+            "model": "q",
+            "messages": [
+                {"role": "developer", "content": "be strict"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+            ],
+            "max_completion_tokens": 3,
+            "stop": "\n",
+            "top_k": 5,
+        }
+    )
+    msgs = req.chat_messages()
+    assert [(m.role, m.content) for m in msgs] == [("system", "be strict"), ("user", "ab")]
+    sp = req.sampling_params()
+    assert (sp.max_response_len, sp.stop, sp.top_k) == (3, ["\n"], 5)
+
+
+@pytest.mark.parametrize(
+    "extra", [{"n": 2}, {"stream": True}, {"tools": []}], ids=["n", "stream", "tools"]
+)
+def test_openai_request_refuses_what_a_judge_cannot_honour(extra: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        ChatCompletionRequest.model_validate(
+            {"model": "q", "messages": [{"role": "user", "content": "x"}], **extra}
+        )
+
+
+# ---- building the app ------------------------------------------------------------------------
+
+
+def test_engines_for_an_unknown_instance_are_refused() -> None:
+    instances = {"q": _spec()}
+    with pytest.raises(GenRMConfigError, match="route_key='x'"):
+        normalize_engines(instances, {"x": ["some-actor"]})
+    refs = normalize_engines(instances, {"q": ["named-actor", EngineRef(name="b")]})
+    assert [r.name for r in refs["q"]] == ["named-actor", "b"]
+    with pytest.raises(GenRMConfigError, match="no instance"):
+        build_app({})
+
+
+def test_bundles_ask_for_gpus_only_on_a_gpu_cluster() -> None:
+    spec = build_instances(
+        instances={"q": {"model_path": "m", "num_gpus": 4, "num_gpus_per_engine": 2}}
+    )["q"]
+    assert (
+        instance_bundles(spec, with_gpus=True, engine_num_cpus=1.0)
+        == [{"CPU": 1.0, "GPU": 2.0}] * 2
+    )
+    assert instance_bundles(spec, with_gpus=False, engine_num_cpus=0.5) == [{"CPU": 0.5}] * 2
+
+
+def test_serve_max_ongoing_requests_is_above_what_admission_lets_through() -> None:
+    from genrm_serve.serve_args import ServeArgs
+
+    instances = build_instances(
+        model_path="m", num_gpus=2, engine_config={"max_queued_requests": 1000}
+    )
+    n = _max_ongoing(instances, ServeArgs(api_key=None))
+    assert n >= 2 * (2 * 64 + 1000)
+    assert DEFAULT_ROUTE_KEY in instances
