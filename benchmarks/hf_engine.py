@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from genrm_client.types import Message, SamplingParams
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
 from genrm_serve.engines.base import EngineRequest
@@ -99,11 +101,20 @@ async def main() -> None:
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     ap.add_argument("--min-seconds", type=float, default=10.0)
     ap.add_argument("--prompts", default="shared,distinct")
+    ap.add_argument(
+        "--shape",
+        default=None,
+        help="with --model tiny: random weights of this shape, LAYERS,HIDDEN,HEADS,KV_HEADS "
+        "(e.g. 36,2560,32,8 for a judge of Qwen3-4B's depth and width, on a GPU)",
+    )
     args = ap.parse_args()
 
     model_path = args.model
     if args.model == "tiny":
-        model_path = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny"))
+        shape = dict(zip(("layers", "hidden", "heads", "kv_heads"), (2, 64, 4, 2), strict=True))
+        if args.shape:
+            shape = dict(zip(shape, map(int, args.shape.split(",")), strict=True))
+        model_path = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", **shape))
     spec = InstanceSpec(
         route_key="bench",
         model_path=model_path,
@@ -132,6 +143,8 @@ async def main() -> None:
             )
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS: {peak_mb:.0f} MB")
+    if engine.device.type == "cuda":
+        print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
 
 
 if __name__ == "__main__":

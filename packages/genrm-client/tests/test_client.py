@@ -221,12 +221,13 @@ async def test_generate_batch_maps_each_error_type(server: StandIn) -> None:
     def err(kind: str) -> dict[str, object]:
         return {"error": {"type": kind, "message": f"{kind} happened"}}
 
-    answer = {"results": [err("overloaded"), err("timeout"), err("engine_error"), err("new_kind")]}
-    server.queue("/generate_batch", 200, answer)
+    kinds = ["overloaded", "timeout", "engine_error", "new_kind", "prompt_too_long"]
+    server.queue("/generate_batch", 200, {"results": [err(k) for k in kinds]})
     async with AsyncGenRMClient(server.url) as client:
-        results = await client.generate_batch([{"messages": MSG}] * 4)
-    overloaded, timed_out, engine, unknown = results
-    assert isinstance(overloaded, GenRMOverloadedError) and overloaded.status == 503
+        results = await client.generate_batch([{"messages": MSG}] * len(kinds))
+    overloaded, timed_out, engine, unknown, too_long = results
+    assert isinstance(too_long, GenRMHTTPError) and too_long.status == 413
+    assert isinstance(overloaded, GenRMOverloadedError) and overloaded.status == 429
     assert isinstance(timed_out, GenRMTimeoutError)
     assert isinstance(engine, GenRMHTTPError) and engine.status == 500
     assert "engine_error happened" in str(engine)

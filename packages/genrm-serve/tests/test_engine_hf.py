@@ -154,14 +154,16 @@ async def test_logprobs_match_a_forward_pass(engine: HFEngine) -> None:
     assert len(out.token_ids) == len(out.logprobs) == out.completion_tokens > 0
     assert all(lp <= 0.0 for lp in out.logprobs + out.raw_logprobs)
     prompt = engine.encode(req)
-    ids = torch.tensor([prompt + out.token_ids])
+    ids = torch.tensor([prompt + out.token_ids], device=engine.device)
     with torch.no_grad():
-        logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().cpu()
     picked = torch.tensor(out.token_ids).unsqueeze(1)
     scaled = torch.log_softmax(logits / temperature, -1).gather(1, picked).squeeze(1)
     raw = torch.log_softmax(logits, -1).gather(1, picked).squeeze(1)
-    assert torch.allclose(scaled, torch.tensor(out.logprobs), atol=1e-4)
-    assert torch.allclose(raw, torch.tensor(out.raw_logprobs), atol=1e-4)
+    # KV-cached decoding vs one full forward: equal in fp32, close in bf16 (CUDA's default)
+    atol = 1e-4 if engine.dtype == torch.float32 else 5e-2
+    assert torch.allclose(scaled, torch.tensor(out.logprobs), atol=atol)
+    assert torch.allclose(raw, torch.tensor(out.raw_logprobs), atol=atol)
     # the same seed reproduces the sample; token ids are accepted as a prompt
     assert (await _one(engine, req)).token_ids == out.token_ids
     by_ids = EngineRequest(sampling=req.sampling, prompt_token_ids=prompt, return_tokens=True)
@@ -183,7 +185,11 @@ async def test_sleep_frees_weights_and_wake_restores_them(tiny_dir: Path) -> Non
     eng = await _aengine(tiny_dir)
     before = await _one(eng, _req("hello judge"))
     await eng.sleep()
-    assert eng.state == "asleep" and eng.model is None
+    assert eng.state == "asleep"
+    if eng.device.type == "cuda":  # weights parked in host memory, none left on the GPU
+        assert all(p.device.type == "cpu" for p in eng.model.parameters())
+    else:  # dropped, reloaded from disk on wake
+        assert eng.model is None
     with pytest.raises(EngineAsleepError):
         await eng.generate([_req("hello judge")])
     await eng.wake()
@@ -198,7 +204,7 @@ async def test_update_weights_changes_outputs_and_survives_sleep(tiny_dir: Path)
     assert before.weight_version == 0
     gen = torch.Generator().manual_seed(0)
     new = {
-        name: p.detach() + 0.5 * torch.randn(p.shape, generator=gen)
+        name: p.detach() + 0.5 * torch.randn(p.shape, generator=gen).to(p.device, p.dtype)
         for name, p in eng.model.named_parameters()
     }
     await eng.update_weights(new, version=1)

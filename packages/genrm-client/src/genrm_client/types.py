@@ -37,8 +37,12 @@ DEFAULT_ROUTE_KEY = "__default__"
 #: → ``GenRMHTTPError`` with this status (500 when not listed).
 ERROR_TYPE_STATUS: dict[str, int] = {
     "invalid_request": 422,
+    "unauthorized": 401,
     "unknown_route_key": 404,
-    "overloaded": 503,
+    "prompt_too_long": 413,
+    "overloaded": 429,
+    "engine_unavailable": 503,
+    "instance_asleep": 503,
     "unhealthy": 503,
     "timeout": 504,
     "engine_error": 500,

@@ -1,0 +1,94 @@
+"""The settings the reward functions read from the trainer's ``args``.
+
+Reward functions receive the trainer's own config object (argparse ``Namespace``, rl-core's
+config, anything with attributes). They never assume it has our fields: ``resolve_args`` reads
+each documented attribute with ``getattr(args, name, default)`` (``None`` also means "default",
+as argparse leaves unset flags at ``None``), validates the lot into the frozen ``RewardArgs``,
+and turns a bad value into a ``RewardConfigError`` naming the attribute, the value and the rule.
+JSON strings are accepted for the dict-valued settings, as they arrive from a command line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from genrm_client.types import SamplingParams
+from genrm_rewards.errors import RewardConfigError
+
+__all__ = ["RewardArgs", "resolve_args"]
+
+
+class RewardArgs(BaseModel):
+    """Every setting a built-in reward function reads (all optional, defaults shown)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: dapo-genrm / math judge instance; ``None`` → the service's ``"__default__"`` instance.
+    genrm_route_key: str | None = None
+    #: request-level sampling overrides sent with every judge call (instance config otherwise).
+    reward_sampling_params: SamplingParams | None = None
+    #: rule gate: math-verify proves the answer equals the label → 1.0 without a judge call.
+    rule_gate: bool = False
+    #: deadline of one math-verify check (gate and ``math``), enforced outside math-verify.
+    rule_timeout_s: float = Field(default=5.0, gt=0)
+    #: reuse verdicts per (question, label, normalised answer, route) within the process.
+    verdict_cache: bool = True
+    verdict_cache_size: int = Field(default=65536, ge=1)
+    #: most requests per ``generate_batch`` call; bigger batches go out as concurrent chunks.
+    judge_batch_size: int = Field(default=64, ge=1)
+    #: accept "1.", "**1**", "Yes", "Judgement: 0", ... as verdicts (strict "1"/"0" otherwise).
+    lenient_verdict: bool = False
+    #: the policy's answer is cut to this many characters before it reaches the judge prompt.
+    max_answer_chars: int = Field(default=2000, ge=16)
+    #: cap on a whole response quoted to a judge (dual safety judge, agentic step texts).
+    max_response_chars: int = Field(default=8000, ge=16)
+    #: defer mode (``--rm-type dummy``): the reward the post-process hook scores the batch with.
+    deferred_rm_type: str = "dapo-genrm"
+    #: dual judges: the two instances and how their verdicts combine into one score.
+    dual_quality_route_key: str = "quality"
+    dual_safety_route_key: str = "safety"
+    dual_combine: Literal["product", "weighted_sum", "min"] = "product"
+    #: (quality, safety) weights for ``weighted_sum``.
+    dual_weights: tuple[float, float] = (0.5, 0.5)
+    #: agentic judges: trajectory step ``module`` → route_key, and the aggregation of steps.
+    agentic_route_keys: dict[str, str] = Field(default_factory=dict)
+    agentic_aggregation: Literal["mean", "min", "last"] = "mean"
+
+
+_JSON_FIELDS = frozenset({"reward_sampling_params", "agentic_route_keys", "dual_weights"})
+
+
+def resolve_args(args: Any) -> RewardArgs:
+    """Read the documented settings from any attribute-bearing ``args`` into ``RewardArgs``.
+
+    Raises:
+        RewardConfigError: a present attribute has an invalid value (names key, value, rule).
+    """
+    if isinstance(args, RewardArgs):
+        return args
+    values: dict[str, Any] = {}
+    if args is not None:
+        for name in RewardArgs.model_fields:
+            value = getattr(args, name, None)
+            if value is None:
+                continue
+            if name in _JSON_FIELDS and isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError as err:
+                    raise RewardConfigError(
+                        f"args.{name}={value!r} is not valid JSON: {err.msg}"
+                    ) from err
+            values[name] = value
+    try:
+        return RewardArgs.model_validate(values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        top = str(first["loc"][0]) if first["loc"] else key
+        raise RewardConfigError(
+            f"args.{key}={values.get(top)!r} is invalid: {first['msg']}"
+        ) from err

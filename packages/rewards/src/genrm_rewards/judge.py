@@ -1,0 +1,143 @@
+"""One place where reward functions talk to a judge and turn every outcome into a verdict.
+
+Only ``GenRMError`` (what the client raises after its own retries: connection, timeout,
+overload, 4xx/5xx) becomes a failed outcome; a programming error still raises. A failed outcome
+becomes a ``"judge_error"`` result with score ``None`` — never 0 (see ``types``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from genrm_client import GenRMError, get_genrm_client
+from genrm_client.types import GenerateRequest, GenerateResponse, Message, SamplingParams
+from genrm_rewards.types import JudgeClient, RewardResult, judge_error_result
+from genrm_rewards.verdict import Verdict, parse_verdict
+
+__all__ = ["JudgeCall", "JudgeOutcome", "default_client", "judge_many", "judge_one"]
+
+
+@dataclass(frozen=True)
+class JudgeCall:
+    """One judge request: the chat messages and the instance (``None`` → ``"__default__"``)."""
+
+    messages: list[dict[str, str]]
+    route_key: str | None = None
+
+
+@dataclass(frozen=True)
+class JudgeOutcome:
+    """What came back: a parsed verdict, or the error of a failed call (exactly one is set)."""
+
+    verdict: Verdict | None
+    error: str | None
+    route_key: str | None
+
+    @property
+    def failed(self) -> bool:
+        """The call failed after the client's retries (no verdict)."""
+        return self.verdict is None
+
+    def to_result(self) -> RewardResult:
+        """The reward dict: ``{"score", "acc", "pred", "status", ...}``."""
+        if self.verdict is None:
+            return {
+                "score": None,
+                "acc": None,
+                "pred": None,
+                "status": "judge_error",
+                "route_key": self.route_key,
+                "error": self.error or "judge call failed",
+            }
+        result: RewardResult = {
+            "score": self.verdict.score,
+            "acc": int(self.verdict.score),
+            "pred": self.verdict.pred,
+            "status": self.verdict.status,
+            "route_key": self.route_key,
+        }
+        if self.verdict.reason is not None:
+            result["details"] = {"unparsed_reason": self.verdict.reason}
+        return result
+
+
+def default_client() -> JudgeClient:
+    """The process-wide ``genrm_client.get_genrm_client()`` singleton (``GENRM_URL``)."""
+    client: JudgeClient = get_genrm_client()  # mypy checks the client fits the protocol
+    return client
+
+
+def _failed(err: BaseException, route_key: str | None) -> JudgeOutcome:
+    return JudgeOutcome(None, judge_error_result(err)["error"], route_key)
+
+
+async def judge_one(
+    client: JudgeClient,
+    call: JudgeCall,
+    *,
+    sampling_params: SamplingParams | None = None,
+    lenient: bool = False,
+) -> JudgeOutcome:
+    """Ask one judge; a ``GenRMError`` becomes a failed outcome."""
+    params = sampling_params.model_dump(exclude_none=True) if sampling_params else None
+    try:
+        reply = await client.generate(
+            call.messages, sampling_params=params, route_key=call.route_key
+        )
+    except GenRMError as err:
+        return _failed(err, call.route_key)
+    return JudgeOutcome(parse_verdict(reply, lenient=lenient), None, call.route_key)
+
+
+async def judge_many(
+    client: JudgeClient,
+    calls: Sequence[JudgeCall],
+    *,
+    sampling_params: SamplingParams | None = None,
+    lenient: bool = False,
+    batch_size: int = 64,
+) -> list[JudgeOutcome]:
+    """Ask for many verdicts through ``generate_batch``; failures are per item.
+
+    More than ``batch_size`` calls go out as concurrent chunks (one HTTP request each), so a
+    whole deferred rollout batch neither makes one giant request nor waits chunk after chunk.
+    """
+    if len(calls) > batch_size:
+        chunks = [calls[i : i + batch_size] for i in range(0, len(calls), batch_size)]
+        parts = await asyncio.gather(
+            *(
+                judge_many(client, c, sampling_params=sampling_params, lenient=lenient)
+                for c in chunks
+            )
+        )
+        return [outcome for part in parts for outcome in part]
+    if not calls:
+        return []
+    requests = [
+        GenerateRequest(
+            messages=[Message.model_validate(m) for m in call.messages],
+            sampling_params=sampling_params,
+            route_key=call.route_key,
+        )
+        for call in calls
+    ]
+    try:
+        replies = await client.generate_batch(requests)
+    except GenRMError as err:
+        return [_failed(err, call.route_key) for call in calls]
+    if len(replies) != len(calls):
+        raise RuntimeError(
+            f"generate_batch returned {len(replies)} results for {len(calls)} requests"
+        )
+    outcomes: list[JudgeOutcome] = []
+    for call, reply in zip(calls, replies, strict=True):
+        if isinstance(reply, GenerateResponse):
+            verdict = parse_verdict(reply.response, lenient=lenient)
+            outcomes.append(JudgeOutcome(verdict, None, call.route_key))
+        elif isinstance(reply, GenRMError):
+            outcomes.append(_failed(reply, call.route_key))
+        else:
+            raise TypeError(f"generate_batch returned {type(reply).__name__}, not a response")
+    return outcomes
