@@ -28,8 +28,6 @@ from rl_core.rewards import defer_swap_post_process
 from rl_core.trainer import GRPOTrainer, RewardSetup
 
 pytestmark = pytest.mark.slow
-# genrm-rewards (dapo-genrm) arrives from its own branch; until it is merged these are skipped.
-pytest.importorskip("genrm_rewards.dapo_genrm")
 
 FIRST_CHARS = "aeiou0123456789"
 

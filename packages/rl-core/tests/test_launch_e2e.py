@@ -12,8 +12,6 @@ from rl_core.launch import run_training
 from rl_core.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
-# genrm-rewards (dapo-genrm) arrives from its own branch; until it is merged these are skipped.
-pytest.importorskip("genrm_rewards.dapo_genrm")
 
 
 def _write(path, records):
