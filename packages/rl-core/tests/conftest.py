@@ -1,14 +1,12 @@
 """Shared fixtures: a tiny random-weight causal LM saved to disk (seconds to build, MBs of RAM)."""
 
-import os
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Under `uv run`, Ray would re-create the environment per worker from the working directory.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-
 import pytest
 import torch
+
+from genrm_serve.testing import ray_test_env
+
+# Before any test module imports ray.
+ray_test_env()
 
 
 def build_tiny_model(path, vocab_size=96, seed=0):

@@ -9,12 +9,12 @@ judge through the service.
 
 import json
 import os
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from genrm_serve.testing import local_ray_serve
 from rl_core.backends.base import BackendConfig
 from rl_core.backends.torch_hf import TorchHFBackend
 from rl_core.config import TrainConfig
@@ -40,16 +40,10 @@ def _script(**kw):
 def judge():
     """A local Ray + the judge service: a good judge, a flaky one (fails every micro-batch that
     quotes a line starting with "q") and one that is down."""
-    import ray
-    from ray import serve
-
     from genrm_serve.app import build_app, deploy, wait_until_healthy
     from genrm_serve.config import build_instances
     from genrm_serve.serve_args import ServeArgs
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     replies = {f"| {c}": "1" for c in FIRST_CHARS}
     instances = build_instances(
         instances={
@@ -62,24 +56,21 @@ def judge():
         },
         engine="scripted",
     )
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     old = {k: os.environ.get(k) for k in ("GENRM_URL", "GENRM_MAX_RETRIES")}
-    try:
-        args = ServeArgs(port=port, api_key=None, engine_num_cpus=0.1)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        deploy(build_app(instances, args=args), args)
-        wait_until_healthy(args, 120)
-        os.environ["GENRM_URL"] = args.url
-        os.environ["GENRM_MAX_RETRIES"] = "0"
-        yield args.url
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        serve.shutdown()
-        ray.shutdown()
+    with local_ray_serve(num_cpus=2) as port:
+        try:
+            args = ServeArgs(port=port, api_key=None, engine_num_cpus=0.1)
+            deploy(build_app(instances, args=args), args)
+            wait_until_healthy(args, 120)
+            os.environ["GENRM_URL"] = args.url
+            os.environ["GENRM_MAX_RETRIES"] = "0"
+            yield args.url
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 @pytest.fixture
