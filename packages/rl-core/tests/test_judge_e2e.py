@@ -13,19 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_grpo import local_stack, make_trainer
 
 from genrm_serve.testing import local_ray_serve
-from rl_core.backends.base import BackendConfig
-from rl_core.backends.torch_hf import TorchHFBackend
 from rl_core.config import TrainConfig
-from rl_core.data import load_prompt_data, make_easy_math
-from rl_core.engines import LocalEngineHandle
-from rl_core.grpo.loss import LossConfig
 from rl_core.launch import HttpJudgeSleeper
-from rl_core.metrics import PhaseClock, read_metrics
-from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, default_phases
+from rl_core.metrics import read_metrics
 from rl_core.rewards import defer_swap_post_process
-from rl_core.trainer import GRPOTrainer, RewardSetup
+from rl_core.trainer import RewardSetup
 
 pytestmark = pytest.mark.slow
 
@@ -73,38 +68,12 @@ def judge():
                     os.environ[k] = v
 
 
-@pytest.fixture
-def data_file(tmp_path):
-    path = tmp_path / "train.jsonl"
-    with path.open("w") as f:
-        for r in make_easy_math(8, seed=1, shots=1):
-            f.write(json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}))
-            f.write("\n")
-    return path
-
-
 async def _trainer(cfg, model_path, tokenizer, make_engine, url, reward_args, *, mode):
     import genrm_rewards
     from genrm_rewards.defer import score_deferred
 
-    engine = make_engine(model_path)
-    await engine.start()
-    handle = LocalEngineHandle(engine)
-    backend = TorchHFBackend(
-        model_path,
-        BackendConfig(
-            lr=cfg.lr, temperature=cfg.rollout_temperature, seed=cfg.seed, loss=LossConfig()
-        ),
-    )
     judge = HttpJudgeSleeper(url, "__default__")
-    phases = PhaseMachine(
-        default_phases(mode, ["__default__"]),
-        {
-            "rollout": GroupSleeper([handle]),
-            "genrm:__default__": judge,
-            "actor": CallbackSleeper(backend.offload, backend.onload),
-        },
-    )
+    engine, handle, backend, phases = await local_stack(cfg, model_path, make_engine, judge, mode)
     if cfg.defer_reward_to_post_process:
         rewards = RewardSetup(
             args=reward_args,
@@ -119,17 +88,7 @@ async def _trainer(cfg, model_path, tokenizer, make_engine, url, reward_args, *,
             reward_key="score",
             inline_fn=genrm_rewards.get_reward_fn("dapo-genrm"),
         )
-    trainer = GRPOTrainer(
-        cfg,
-        backend=backend,
-        tokenizer=tokenizer,
-        rollout_engines=[handle],
-        phases=phases,
-        rewards=rewards,
-        train_data=load_prompt_data(cfg.prompt_data),
-        mode=mode,
-        clock=PhaseClock(show=False),
-    )
+    trainer = make_trainer(cfg, tokenizer, handle, backend, phases, rewards, mode)
     return trainer, engine, backend
 
 
