@@ -8,6 +8,13 @@ token counts, the real tokenizer's 413, health, metrics).
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,10 +37,13 @@ JUDGE = [
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import ray
+    from ray import serve
+
     from genrm_serve.app import build_app, deploy, wait_until_healthy
     from genrm_serve.config import build_instances
     from genrm_serve.serve_args import ServeArgs
-    from genrm_serve.testing import build_tiny_model, local_ray_serve
+    from genrm_serve.testing import build_tiny_model
 
     tiny = build_tiny_model(Path(tmp_path_factory.mktemp("tiny")) / "model")
     instances = build_instances(
@@ -53,11 +63,19 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             },
         }
     )
-    with local_ray_serve(num_cpus=4) as port:
-        args = ServeArgs(port=port, api_key=None, engine_num_cpus=0.5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    args = ServeArgs(port=port, api_key=None, engine_num_cpus=0.5)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
         deploy(build_app(instances, args=args), args)
         wait_until_healthy(args, 600)  # a cold cache converts the Gemma GGUF once (~2 min)
         yield args.url
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def test_health_lists_both_model_instances(service: str) -> None:
