@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
 from collections import Counter
@@ -162,10 +161,10 @@ def start_service(ns: argparse.Namespace) -> tuple[str, Any]:
 
     Returns ``(url, stop)``.
     """
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # workers use this environment
     try:
+        from genrm_serve.testing import free_port, ray_test_env
+
+        ray_test_env()  # before ray is imported: workers use this environment
         import ray
         from ray import serve
 
@@ -174,9 +173,7 @@ def start_service(ns: argparse.Namespace) -> tuple[str, Any]:
         from genrm_serve.serve_args import ServeArgs
     except ImportError as err:
         raise SystemExit(f"starting a judge needs genrm-serve ({err}); or pass --url") from err
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     ray.init(address="local", num_cpus=ns.num_cpus, include_dashboard=False, log_to_driver=False)
 
     def stop() -> None:

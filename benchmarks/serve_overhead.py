@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import multiprocessing
 import os
-import socket
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -44,15 +43,10 @@ from genrm_serve.config import build_instances
 from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.worker import create_engine_worker
 from genrm_serve.serve_args import ServeArgs
+from genrm_serve.testing import free_port
 
 PROMPT = "Question: 1+1? Reference answer: 2. Model answer: 2. Reply 1 if consistent, else 0."
 BODY = {"messages": [{"role": "user", "content": PROMPT}]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _run(
@@ -160,7 +154,7 @@ async def main_async(args: argparse.Namespace) -> None:
         engine_config={"max_queued_requests": 4096, "max_batch_size": 64},
     )
     spec = instances[DEFAULT_ROUTE_KEY]
-    port = _free_port()
+    port = free_port()
     sargs = ServeArgs(port=port, api_key=None, engine_num_cpus=0.1)
     deploy(build_app(instances, args=sargs), sargs)
     await asyncio.to_thread(wait_until_healthy, sargs, 120)

@@ -9,11 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Under `uv run`, Ray would otherwise start workers with `uv run` in a fresh venv (no ray there).
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-
+# Ray's environment is set by conftest.py (genrm_serve.testing.ray_test_env) before this import.
 import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group

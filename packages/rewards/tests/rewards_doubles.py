@@ -101,12 +101,3 @@ def answer_block(messages: list[dict[str, str]]) -> str:
     start = text.index("<<<BEGIN MODEL ANSWER>>>")
     end = text.index("<<<END MODEL ANSWER>>>") + len("<<<END MODEL ANSWER>>>")
     return text[start:end]
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now (never Serve's default 8000)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

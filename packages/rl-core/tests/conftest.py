@@ -1,14 +1,18 @@
 """Shared fixtures: a tiny random-weight causal LM saved to disk (seconds to build, MBs of RAM)."""
 
-import os
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Under `uv run`, Ray would re-create the environment per worker from the working directory.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+from genrm_serve.testing import ray_test_env
+
+# Before any test module imports ray.
+ray_test_env()
+
+# --import-mode=importlib does not put test folders on sys.path; tiny_grpo (helpers) needs it.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def build_tiny_model(path, vocab_size=96, seed=0):
@@ -32,6 +36,14 @@ def build_tiny_model(path, vocab_size=96, seed=0):
     model = Gemma3ForCausalLM(cfg)
     model.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    """A small generated easy-math prompt file (JSONL) in the test's tmp dir."""
+    from tiny_grpo import write_easy_math_data
+
+    return write_easy_math_data(tmp_path / "train.jsonl")
 
 
 @pytest.fixture(scope="session")

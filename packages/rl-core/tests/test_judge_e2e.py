@@ -9,23 +9,18 @@ judge through the service.
 
 import json
 import os
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_grpo import local_stack, make_trainer
 
-from rl_core.backends.base import BackendConfig
-from rl_core.backends.torch_hf import TorchHFBackend
+from genrm_serve.testing import local_ray_serve
 from rl_core.config import TrainConfig
-from rl_core.data import load_prompt_data, make_easy_math
-from rl_core.engines import LocalEngineHandle
-from rl_core.grpo.loss import LossConfig
 from rl_core.launch import HttpJudgeSleeper
-from rl_core.metrics import PhaseClock, read_metrics
-from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, default_phases
+from rl_core.metrics import read_metrics
 from rl_core.rewards import defer_swap_post_process
-from rl_core.trainer import GRPOTrainer, RewardSetup
+from rl_core.trainer import RewardSetup
 
 pytestmark = pytest.mark.slow
 
@@ -40,16 +35,10 @@ def _script(**kw):
 def judge():
     """A local Ray + the judge service: a good judge, a flaky one (fails every micro-batch that
     quotes a line starting with "q") and one that is down."""
-    import ray
-    from ray import serve
-
     from genrm_serve.app import build_app, deploy, wait_until_healthy
     from genrm_serve.config import build_instances
     from genrm_serve.serve_args import ServeArgs
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     replies = {f"| {c}": "1" for c in FIRST_CHARS}
     instances = build_instances(
         instances={
@@ -62,58 +51,29 @@ def judge():
         },
         engine="scripted",
     )
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     old = {k: os.environ.get(k) for k in ("GENRM_URL", "GENRM_MAX_RETRIES")}
-    try:
-        args = ServeArgs(port=port, api_key=None, engine_num_cpus=0.1)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        deploy(build_app(instances, args=args), args)
-        wait_until_healthy(args, 120)
-        os.environ["GENRM_URL"] = args.url
-        os.environ["GENRM_MAX_RETRIES"] = "0"
-        yield args.url
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        serve.shutdown()
-        ray.shutdown()
-
-
-@pytest.fixture
-def data_file(tmp_path):
-    path = tmp_path / "train.jsonl"
-    with path.open("w") as f:
-        for r in make_easy_math(8, seed=1, shots=1):
-            f.write(json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}))
-            f.write("\n")
-    return path
+    with local_ray_serve(num_cpus=2) as port:
+        try:
+            args = ServeArgs(port=port, api_key=None, engine_num_cpus=0.1)
+            deploy(build_app(instances, args=args), args)
+            wait_until_healthy(args, 120)
+            os.environ["GENRM_URL"] = args.url
+            os.environ["GENRM_MAX_RETRIES"] = "0"
+            yield args.url
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 async def _trainer(cfg, model_path, tokenizer, make_engine, url, reward_args, *, mode):
     import genrm_rewards
     from genrm_rewards.defer import score_deferred
 
-    engine = make_engine(model_path)
-    await engine.start()
-    handle = LocalEngineHandle(engine)
-    backend = TorchHFBackend(
-        model_path,
-        BackendConfig(
-            lr=cfg.lr, temperature=cfg.rollout_temperature, seed=cfg.seed, loss=LossConfig()
-        ),
-    )
     judge = HttpJudgeSleeper(url, "__default__")
-    phases = PhaseMachine(
-        default_phases(mode, ["__default__"]),
-        {
-            "rollout": GroupSleeper([handle]),
-            "genrm:__default__": judge,
-            "actor": CallbackSleeper(backend.offload, backend.onload),
-        },
-    )
+    engine, handle, backend, phases = await local_stack(cfg, model_path, make_engine, judge, mode)
     if cfg.defer_reward_to_post_process:
         rewards = RewardSetup(
             args=reward_args,
@@ -128,17 +88,7 @@ async def _trainer(cfg, model_path, tokenizer, make_engine, url, reward_args, *,
             reward_key="score",
             inline_fn=genrm_rewards.get_reward_fn("dapo-genrm"),
         )
-    trainer = GRPOTrainer(
-        cfg,
-        backend=backend,
-        tokenizer=tokenizer,
-        rollout_engines=[handle],
-        phases=phases,
-        rewards=rewards,
-        train_data=load_prompt_data(cfg.prompt_data),
-        mode=mode,
-        clock=PhaseClock(show=False),
-    )
+    trainer = make_trainer(cfg, tokenizer, handle, backend, phases, rewards, mode)
     return trainer, engine, backend
 
 

@@ -20,11 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Under `uv run`, Ray would start every worker through `uv run` in a copy of the repo (slow, ~60 s).
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-
+# Ray's environment is set by conftest.py (genrm_serve.testing.ray_test_env) before this import.
 import pytest
 import ray
 from ray.cluster_utils import Cluster

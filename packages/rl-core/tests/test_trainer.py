@@ -6,21 +6,14 @@ the engines in the expected states, fully-async trains on at most 1-step-stale s
 resumed run takes the same next step as an uninterrupted one.
 """
 
-import json
-
 import pytest
 import torch
+from tiny_grpo import local_stack, make_trainer
 
-from rl_core.backends.base import BackendConfig
-from rl_core.backends.torch_hf import TorchHFBackend
 from rl_core.config import TrainConfig
-from rl_core.data import load_prompt_data, make_easy_math
-from rl_core.engines import LocalEngineHandle
-from rl_core.grpo.loss import LossConfig
-from rl_core.metrics import PhaseClock, read_metrics
-from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, default_phases
+from rl_core.metrics import read_metrics
 from rl_core.rewards import JudgeFailureError, custom_post_process, defer_swap_post_process
-from rl_core.trainer import GRPOTrainer, RewardSetup
+from rl_core.trainer import RewardSetup
 
 
 class RecordingJudge:
@@ -70,17 +63,6 @@ def _cfg(tmp_path, data, **kw):
     return TrainConfig(**base)
 
 
-@pytest.fixture
-def data_file(tmp_path):
-    path = tmp_path / "train.jsonl"
-    with path.open("w") as f:
-        for r in make_easy_math(8, seed=1, shots=1):
-            f.write(
-                json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}) + "\n"
-            )
-    return path
-
-
 async def _trainer(
     cfg,
     model_path,
@@ -92,26 +74,9 @@ async def _trainer(
     judge_log=None,
     mode="colocate-split",
 ):
-    engine = make_test_engine(model_path)
-    await engine.start()
-    handle = LocalEngineHandle(engine)
-    backend = TorchHFBackend(
-        model_path,
-        BackendConfig(
-            lr=cfg.lr,
-            temperature=cfg.rollout_temperature,
-            seed=cfg.seed,
-            loss=LossConfig(use_tis=cfg.use_tis),
-        ),
-    )
     judge = RecordingJudge(judge_log if judge_log is not None else [])
-    phases = PhaseMachine(
-        default_phases(mode, ["__default__"]),
-        {
-            "rollout": GroupSleeper([handle]),
-            "genrm:__default__": judge,
-            "actor": CallbackSleeper(backend.offload, backend.onload),
-        },
+    engine, handle, backend, phases = await local_stack(
+        cfg, model_path, make_test_engine, judge, mode
     )
     reward = reward or ScriptedReward()
     if deferred:
@@ -129,17 +94,7 @@ async def _trainer(
         )
     else:
         setup = RewardSetup(args=cfg, reward_key="score", inline_fn=reward)
-    trainer = GRPOTrainer(
-        cfg,
-        backend=backend,
-        tokenizer=tokenizer,
-        rollout_engines=[handle],
-        phases=phases,
-        rewards=setup,
-        train_data=load_prompt_data(cfg.prompt_data),
-        mode=mode,
-        clock=PhaseClock(show=False),
-    )
+    trainer = make_trainer(cfg, tokenizer, handle, backend, phases, setup, mode)
     return trainer, engine, backend
 
 

@@ -156,6 +156,10 @@ def _to_request(request: RequestLike, index: int) -> GenerateRequest:
         raise ValueError(f"{where}: {exc}") from exc
 
 
+def _to_requests(requests: Sequence[RequestLike]) -> list[GenerateRequest]:
+    return [_to_request(r, i) for i, r in enumerate(requests)]
+
+
 def _make_request(
     messages: Sequence[MessageLike],
     sampling_params: SamplingParamsLike | None,
@@ -442,6 +446,24 @@ class _BaseClient:
             accept=accept,
         )
 
+    def _generate_call(
+        self, request: GenerateRequest, timeout: float | NotGiven
+    ) -> tuple[_Attempts, bytes]:
+        """The attempts and body of one ``POST /generate``; the twins only send them."""
+        attempts = self._attempts("POST", "/generate", timeout, route_key=request.route_key)
+        return attempts, request.model_dump_json(exclude_none=True).encode()
+
+    def _batch_call(
+        self, requests: list[GenerateRequest], timeout: float | NotGiven
+    ) -> tuple[_Attempts, bytes]:
+        """The attempts and body of one ``POST /generate_batch`` of coerced ``requests``."""
+        attempts = self._attempts("POST", "/generate_batch", timeout)
+        body = GenerateBatchRequest(requests=requests).model_dump_json(exclude_none=True)
+        return attempts, body.encode()
+
+    def _health_attempts(self, timeout: float | NotGiven) -> _Attempts:
+        return self._attempts("GET", "/health", timeout, accept=_accept_health)
+
     def _request_headers(self, attempts: _Attempts, has_body: bool) -> dict[str, str]:
         headers = {REQUEST_ID_HEADER: attempts.request_id}
         if has_body:
@@ -605,9 +627,7 @@ class AsyncGenRMClient(_BaseClient):
     async def _generate(
         self, request: GenerateRequest, timeout: float | NotGiven
     ) -> GenerateResponse:
-        attempts = self._attempts("POST", "/generate", timeout, route_key=request.route_key)
-        body = request.model_dump_json(exclude_none=True).encode()
-        response = await self._send(attempts, body)
+        response = await self._send(*self._generate_call(request, timeout))
         return _decode_generate(response)
 
     async def generate_batch(
@@ -618,12 +638,10 @@ class AsyncGenRMClient(_BaseClient):
         A request that failed alone comes back as its typed exception *in the list* (not
         raised); an error of the whole call (unreachable, overloaded, deadline) is raised.
         """
-        reqs = [_to_request(r, i) for i, r in enumerate(requests)]
+        reqs = _to_requests(requests)
         if not reqs:
             return []
-        attempts = self._attempts("POST", "/generate_batch", timeout)
-        body = GenerateBatchRequest(requests=reqs).model_dump_json(exclude_none=True).encode()
-        response = await self._send(attempts, body)
+        response = await self._send(*self._batch_call(reqs, timeout))
         return _decode_batch(response, reqs)
 
     @overload
@@ -661,7 +679,7 @@ class AsyncGenRMClient(_BaseClient):
         is raised; with ``True`` it takes its request's place in the list.
         """
         _check_concurrency(concurrency)
-        reqs = [_to_request(r, i) for i, r in enumerate(requests)]
+        reqs = _to_requests(requests)
         results: list[GenerateResponse | GenRMError | None] = [None] * len(reqs)
         pending = iter(enumerate(reqs))
 
@@ -686,8 +704,7 @@ class AsyncGenRMClient(_BaseClient):
 
     async def health(self, *, timeout: float | NotGiven = NOT_GIVEN) -> HealthReport:
         """``GET /health``: the service's report, also when it says it is unhealthy."""
-        attempts = self._attempts("GET", "/health", timeout, accept=_accept_health)
-        response = await self._send(attempts)
+        response = await self._send(self._health_attempts(timeout))
         return HealthReport.model_validate_json(response.content)
 
     async def metrics(self, *, timeout: float | NotGiven = NOT_GIVEN) -> str:
@@ -789,20 +806,16 @@ class SyncGenRMClient(_BaseClient):
         return self._generate(_make_request(messages, sampling_params, route_key), timeout)
 
     def _generate(self, request: GenerateRequest, timeout: float | NotGiven) -> GenerateResponse:
-        attempts = self._attempts("POST", "/generate", timeout, route_key=request.route_key)
-        body = request.model_dump_json(exclude_none=True).encode()
-        return _decode_generate(self._send(attempts, body))
+        return _decode_generate(self._send(*self._generate_call(request, timeout)))
 
     def generate_batch(
         self, requests: Sequence[RequestLike], *, timeout: float | NotGiven = NOT_GIVEN
     ) -> list[GenerateResponse | GenRMError]:
         """See ``AsyncGenRMClient.generate_batch``."""
-        reqs = [_to_request(r, i) for i, r in enumerate(requests)]
+        reqs = _to_requests(requests)
         if not reqs:
             return []
-        attempts = self._attempts("POST", "/generate_batch", timeout)
-        body = GenerateBatchRequest(requests=reqs).model_dump_json(exclude_none=True).encode()
-        return _decode_batch(self._send(attempts, body), reqs)
+        return _decode_batch(self._send(*self._batch_call(reqs, timeout)), reqs)
 
     @overload
     def generate_many(
@@ -834,7 +847,7 @@ class SyncGenRMClient(_BaseClient):
     ) -> list[GenerateResponse] | list[GenerateResponse | GenRMError]:
         """See ``AsyncGenRMClient.generate_many``; runs on ``concurrency`` threads."""
         _check_concurrency(concurrency)
-        reqs = [_to_request(r, i) for i, r in enumerate(requests)]
+        reqs = _to_requests(requests)
         if not reqs:
             return []
 
@@ -857,8 +870,8 @@ class SyncGenRMClient(_BaseClient):
 
     def health(self, *, timeout: float | NotGiven = NOT_GIVEN) -> HealthReport:
         """``GET /health``: the service's report, also when it says it is unhealthy."""
-        attempts = self._attempts("GET", "/health", timeout, accept=_accept_health)
-        return HealthReport.model_validate_json(self._send(attempts).content)
+        response = self._send(self._health_attempts(timeout))
+        return HealthReport.model_validate_json(response.content)
 
     def metrics(self, *, timeout: float | NotGiven = NOT_GIVEN) -> str:
         """``GET /metrics``: the service's metrics as text (Prometheus exposition format)."""

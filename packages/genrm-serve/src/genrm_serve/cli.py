@@ -24,6 +24,7 @@ from genrm_serve.config import (
     build_instances,
     instances_from_args,
 )
+from genrm_serve.ray_env import apply_ray_env_defaults
 from genrm_serve.serve_args import DEFAULT_APP_NAME, DEFAULT_PORT, DEFAULT_ROUTE_PREFIX, ServeArgs
 
 __all__ = ["build_parser", "load_config_file", "main"]
@@ -205,10 +206,7 @@ def _resolve_run(
 
 
 def _init_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False) -> None:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # Started with `uv run`, Ray 2.60 would ship the current directory to every worker and
-    # start them with `uv run` there (slow, and fatal outside the project): use this venv.
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    apply_ray_env_defaults()
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS")

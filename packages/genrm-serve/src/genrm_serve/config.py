@@ -269,12 +269,18 @@ def add_genrm_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def instances_from_args(args: argparse.Namespace) -> dict[str, InstanceSpec]:
-    """``build_instances`` over the flags that :func:`add_genrm_args` added."""
+def instances_from_args(
+    args: argparse.Namespace, *, num_gpus: int | None = None
+) -> dict[str, InstanceSpec]:
+    """``build_instances`` over the flags that :func:`add_genrm_args` added.
+
+    ``num_gpus``, when given, replaces ``--genrm-num-gpus`` (a caller that derives its own
+    default, e.g. from a placement plan).
+    """
     return build_instances(
         instances=args.genrm_instances,
         model_path=args.genrm_model_path,
-        num_gpus=args.genrm_num_gpus,
+        num_gpus=args.genrm_num_gpus if num_gpus is None else num_gpus,
         num_gpus_per_engine=args.genrm_num_gpus_per_engine,
         engine_config=args.genrm_engine_config,
         sampling_config=args.genrm_sampling_config,

@@ -8,12 +8,21 @@ as its tiny policy.
 
 The tokenizer is a byte-level BPE trained on a small in-code corpus (any string round-trips), with
 a chat template in the style of recent instruction models, including ``enable_thinking``.
+
+It also holds the one "local Ray + Serve on a free loopback port" helper that every package's
+tests use: several test sessions share one machine, so a fixed port (8000) or a plain
+``ray.init()`` (which may join a stale cluster) would make them collide.
 """
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from genrm_serve.ray_env import apply_ray_env_defaults
 
 __all__ = [
     "TINY_CHAT_TEMPLATE",
@@ -21,7 +30,43 @@ __all__ = [
     "FakeSGLangEngine",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "free_port",
+    "local_ray_serve",
+    "ray_test_env",
 ]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ray_test_env() -> None:
+    """Set (``setdefault``) the env of a private test cluster; call before importing ray."""
+    apply_ray_env_defaults(disable_auth=True)
+
+
+@contextmanager
+def local_ray_serve(num_cpus: int, port: int | None = None) -> Iterator[int]:
+    """A fresh local Ray cluster with Serve's HTTP proxy on ``port`` (a free one when ``None``).
+
+    Yields the port; shuts Serve and Ray down on exit.
+    """
+    ray_test_env()
+    import ray
+    from ray import serve
+
+    port = free_port() if port is None else port
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield port
+    finally:
+        serve.shutdown()  # type: ignore[no-untyped-call]
+        ray.shutdown()
+
 
 #: Special tokens of the tiny tokenizer, in id order (ids 0..4).
 TINY_SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>")

@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Under `uv run`, Ray would ship the working directory to every worker and start it with
-# `uv run` there (tens of seconds per worker, or a hang): the installed environment is enough.
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-
 import pytest
-from rewards_doubles import free_port
+
+from genrm_serve.testing import local_ray_serve, ray_test_env
+
+# Before any test module imports ray.
+ray_test_env()
 
 
 @pytest.fixture(scope="module")
 def serve_port() -> Iterator[int]:
     """A fresh local Ray cluster with Serve's HTTP proxy on a free port; shut down after."""
-    import ray
-    from ray import serve
-
-    port = free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with local_ray_serve(num_cpus=2) as port:
         yield port
-    finally:
-        serve.shutdown()
-        ray.shutdown()

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("genrm_serve.app", reason="genrm-serve's Serve app is not installed")
 
-from rewards_doubles import Args, Sample, free_port
+from rewards_doubles import Args, Sample
 
 from genrm_client import AsyncGenRMClient, close_genrm_clients
 from genrm_rewards import dapo_genrm, get_batch_reward_fn, get_reward_fn
@@ -28,6 +28,7 @@ from genrm_rewards.dapo_genrm import compute_score, compute_score_batch
 from genrm_serve.app import build_app, deploy, wait_until_healthy
 from genrm_serve.config import build_instances
 from genrm_serve.serve_args import ServeArgs
+from genrm_serve.testing import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

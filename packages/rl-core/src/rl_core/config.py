@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from genrm_serve.config import GenRMConfigError, InstanceSpec, build_instances
+from genrm_serve.config import GenRMConfigError, InstanceSpec, instances_from_args
 from rl_core.placement.args import add_placement_args
 
 #: The embedded Gemma 3 270M (genrm-serve's cached safetensors copy), for policy or judge.
@@ -411,15 +411,7 @@ def _instances(ns: argparse.Namespace) -> dict[str, InstanceSpec]:
         genrm = (resource or {}).get("genrm") if isinstance(resource, dict) else None
         num_gpus = genrm[0] * genrm[1] if isinstance(genrm, list) and len(genrm) == 2 else 1
         num_gpus = num_gpus if isinstance(num_gpus, int) and num_gpus > 0 else 1
-    return build_instances(
-        instances=ns.genrm_instances,
-        model_path=ns.genrm_model_path,
-        num_gpus=num_gpus,
-        num_gpus_per_engine=ns.genrm_num_gpus_per_engine,
-        engine_config=ns.genrm_engine_config,
-        sampling_config=ns.genrm_sampling_config,
-        engine=ns.genrm_engine,
-    )
+    return instances_from_args(ns, num_gpus=num_gpus)
 
 
 def _genrm_given(ns: argparse.Namespace) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
+from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
 from rl_core.backends.base import BackendConfig
 from rl_core.config import GENERATED_DATA, TrainConfig
 from rl_core.data import PromptDataset, load_prompt_data, make_easy_math
@@ -40,14 +41,8 @@ from rl_core.trainer import GRPOTrainer, RewardSetup
 
 logger = logging.getLogger(__name__)
 
-#: Set before Ray starts (unless the user set them): no token auth or usage stats on a local
-#: cluster, and no per-worker re-creation of the environment when the driver runs under `uv run`
-#: (Ray would package the working directory and start every worker through uv, ≈60 s each).
-RAY_ENV = {
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-}
+#: Set before Ray starts (unless the user set them): see ``genrm_serve.ray_env``.
+RAY_ENV = LOCAL_RAY_ENV
 
 #: Seeds of the demo's generated data sets (train and held-out evaluation differ).
 EASY_MATH_TRAIN = (256, 11)
@@ -213,8 +208,7 @@ async def _start_rollout_engines(cfg: TrainConfig, policy_path: str) -> list[Eng
 
 async def run_training(cfg: TrainConfig, ns: Any, console: Console | None = None) -> int:
     """Run the whole job from a config; returns the exit status."""
-    for key, value in RAY_ENV.items():
-        os.environ.setdefault(key, value)
+    apply_ray_env_defaults(disable_auth=True)
     import ray
 
     console = console or Console(stderr=True)

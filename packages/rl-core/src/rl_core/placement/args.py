@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from genrm_serve.config import GenRMConfigError, InstanceSpec, add_genrm_args, build_instances
+from genrm_serve.config import GenRMConfigError, InstanceSpec, add_genrm_args, instances_from_args
 from rl_core.placement.errors import PlacementError
 from rl_core.placement.plan import (
     BUILTIN_POST_PROCESS,
@@ -161,15 +161,7 @@ def _instances(
         genrm = resource.get("genrm")
         num_gpus = genrm.total if genrm is not None and genrm.total > 0 else 1
     try:
-        return build_instances(
-            instances=args.genrm_instances,
-            model_path=args.genrm_model_path,
-            num_gpus=num_gpus,
-            num_gpus_per_engine=args.genrm_num_gpus_per_engine,
-            engine_config=args.genrm_engine_config,
-            sampling_config=args.genrm_sampling_config,
-            engine=args.genrm_engine,
-        )
+        return instances_from_args(args, num_gpus=num_gpus)
     except GenRMConfigError as err:
         raise PlacementError(str(err)) from err
 

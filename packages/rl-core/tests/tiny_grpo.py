@@ -1,0 +1,77 @@
+"""Building blocks of a tiny in-process GRPO run, shared by test_trainer.py and test_judge_e2e.py.
+
+Both build the same stack (a started rollout test engine behind a local handle, the torch backend,
+the phase machine) and the same trainer around it; they differ only in the judge they put in the
+``genrm:__default__`` phase and in the reward setup, which the caller passes in.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rl_core.backends.base import BackendConfig
+from rl_core.backends.torch_hf import TorchHFBackend
+from rl_core.data import load_prompt_data, make_easy_math
+from rl_core.engines import LocalEngineHandle
+from rl_core.grpo.loss import LossConfig
+from rl_core.metrics import PhaseClock
+from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, default_phases
+from rl_core.trainer import GRPOTrainer, RewardSetup
+
+
+def write_easy_math_data(path: Path) -> Path:
+    """Eight generated easy-math prompts (1 shot) as a JSONL prompt file at ``path``."""
+    with path.open("w") as f:
+        for r in make_easy_math(8, seed=1, shots=1):
+            f.write(
+                json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}) + "\n"
+            )
+    return path
+
+
+async def local_stack(cfg: Any, model_path: Any, make_engine: Any, judge: Any, mode: str) -> Any:
+    """``(engine, handle, backend, phases)``: a started test engine, the backend, the phases."""
+    engine = make_engine(model_path)
+    await engine.start()
+    handle = LocalEngineHandle(engine)
+    backend = TorchHFBackend(
+        model_path,
+        BackendConfig(
+            lr=cfg.lr,
+            temperature=cfg.rollout_temperature,
+            seed=cfg.seed,
+            loss=LossConfig(use_tis=cfg.use_tis),
+        ),
+    )
+    phases = PhaseMachine(
+        default_phases(mode, ["__default__"]),
+        {
+            "rollout": GroupSleeper([handle]),
+            "genrm:__default__": judge,
+            "actor": CallbackSleeper(backend.offload, backend.onload),
+        },
+    )
+    return engine, handle, backend, phases
+
+
+def make_trainer(
+    cfg: Any,
+    tokenizer: Any,
+    handle: Any,
+    backend: Any,
+    phases: Any,
+    rewards: RewardSetup,
+    mode: str,
+) -> GRPOTrainer:
+    """The trainer of the stack from ``local_stack``, on ``cfg.prompt_data``, quiet clock."""
+    return GRPOTrainer(
+        cfg,
+        backend=backend,
+        tokenizer=tokenizer,
+        rollout_engines=[handle],
+        phases=phases,
+        rewards=rewards,
+        train_data=load_prompt_data(cfg.prompt_data),
+        mode=mode,
+        clock=PhaseClock(show=False),
+    )
