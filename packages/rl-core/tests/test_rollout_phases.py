@@ -145,3 +145,26 @@ def test_summary_names_gate_and_judge():
     text = console.export_text()
     assert "rule gate" in text and "judge (GenRM verdict)" in text
     assert "eval after step 1" in text and "colocate-split" in text
+
+
+async def test_judge_outage_is_a_judge_error_but_a_reward_bug_stops_the_run() -> None:
+    from genrm_client import GenRMConnectionError
+    from rl_core.rewards import InlineRewards
+    from rl_core.sample import Sample
+
+    async def down(args: object, sample: Sample) -> dict:
+        raise GenRMConnectionError("judge unreachable")
+
+    async def buggy(args: object, sample: Sample) -> dict:
+        return {"score": sample.metadata["missing"]}
+
+    outage = InlineRewards(down, None, reward_key="score", concurrency=2)
+    s = Sample(prompt="p", label="1", metadata={}, group_id=0, response="r")
+    outage.submit([s])
+    await outage.drain()
+    assert (s.status, s.reward) == ("judge_error", None)
+
+    bug = InlineRewards(buggy, None, reward_key="score", concurrency=2)
+    bug.submit([Sample(prompt="p", label="1", metadata={}, group_id=0, response="r")])
+    with pytest.raises(KeyError, match="missing"):
+        await bug.drain()

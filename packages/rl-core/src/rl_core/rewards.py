@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from genrm_client import GenRMError
 from rl_core.phases import PhaseMachine
 from rl_core.sample import Sample
 
@@ -42,6 +43,12 @@ class UnscoredSamplesError(RuntimeError):
     """A post-process hook left samples in the ``deferred`` state."""
 
 
+#: What a judge failure looks like once a reward function lets it through: the client's errors
+#: and our own deadline. Anything else is a bug in the reward function and stops the run with its
+#: traceback — masking it as a judge error would quietly drop a systematic subset of samples.
+JUDGE_FAILURES = (GenRMError, TimeoutError)
+
+
 def _error_result(err: BaseException) -> dict[str, Any]:
     return {"score": None, "status": "judge_error", "error": f"{type(err).__name__}: {err}"}
 
@@ -61,7 +68,7 @@ class InlineRewards:
         async with self._sem:
             try:
                 result = await asyncio.wait_for(self.fn(self.args, sample), REWARD_TIMEOUT_S)
-            except Exception as err:  # a reward fn bug or outage: a judge error, never a 0
+            except JUDGE_FAILURES as err:  # an outage: a judge error, never a 0
                 logger.warning(
                     "reward of sample g%s/%s failed: %s", sample.group_id, sample.index, err
                 )
@@ -86,7 +93,7 @@ async def score_batch(
     """Score a whole batch with a batch reward function and apply the results."""
     try:
         results = list(await asyncio.wait_for(batch_fn(args, samples), REWARD_TIMEOUT_S))
-    except Exception as err:
+    except JUDGE_FAILURES as err:
         logger.warning("batch reward failed for %d samples: %s", len(samples), err)
         results = [_error_result(err)] * len(samples)
     if len(results) != len(samples):
