@@ -9,7 +9,7 @@ BASE = ["--hf-checkpoint", "m", "--prompt-data", "d.jsonl", "--rm-type", "math"]
 
 
 def test_original_flags_parse():
-    cfg, _ = parse_train_args(
+    cfg = parse_train_args(
         [
             *BASE,
             "--advantage-estimator",
@@ -57,11 +57,11 @@ def test_original_flags_parse():
 
 
 def test_preset_and_config_file_and_cli_priority(tmp_path):
-    cfg, _ = parse_train_args(["--preset", "cpu-demo"])
+    cfg = parse_train_args(["--preset", "cpu-demo"])
     assert cfg.rm_type == "dapo-genrm" and cfg.rule_gate and cfg.genrm_enabled
     f = tmp_path / "c.yaml"
     f.write_text("lr: 0.5\nrollout-batch-size: 2\n")
-    cfg, _ = parse_train_args(["--preset", "cpu-demo", "--config", str(f), "--lr", "0.25"])
+    cfg = parse_train_args(["--preset", "cpu-demo", "--config", str(f), "--lr", "0.25"])
     assert (cfg.lr, cfg.rollout_batch_size) == (0.25, 2)
 
 

@@ -16,8 +16,8 @@ import torch
 from tiny_grpo import local_stack, make_trainer
 
 from genrm_serve.testing import local_ray_serve
-from rl_core.config import TrainConfig
-from rl_core.launch import HttpJudgeSleeper
+from rl_core.config import build_config
+from rl_core.launch import JudgeSleeper
 from rl_core.metrics import read_metrics
 from rl_core.rewards import defer_swap_post_process
 from rl_core.trainer import RewardSetup
@@ -68,12 +68,12 @@ def judge():
                     os.environ[k] = v
 
 
-async def _trainer(cfg, model_path, tokenizer, make_engine, url, reward_args, *, mode):
+async def _trainer(cfg, model_path, tokenizer, make_engine, url, reward_args):
     import genrm_rewards
     from genrm_rewards.defer import score_deferred
 
-    judge = HttpJudgeSleeper(url, "__default__")
-    engine, handle, backend, phases = await local_stack(cfg, model_path, make_engine, judge, mode)
+    judge = JudgeSleeper(url, "__default__")
+    engine, handle, backend, phases = await local_stack(cfg, model_path, make_engine, judge)
     if cfg.defer_reward_to_post_process:
         rewards = RewardSetup(
             args=reward_args,
@@ -88,7 +88,7 @@ async def _trainer(cfg, model_path, tokenizer, make_engine, url, reward_args, *,
             reward_key="score",
             inline_fn=genrm_rewards.get_reward_fn("dapo-genrm"),
         )
-    trainer = make_trainer(cfg, tokenizer, handle, backend, phases, rewards, mode)
+    trainer = make_trainer(cfg, tokenizer, handle, backend, phases, rewards)
     return trainer, engine, backend
 
 
@@ -105,9 +105,12 @@ def _cfg(tmp_path, data, **kw):
         lr=1e-3,
         seed=3,
         run_dir=str(tmp_path / "run"),
+        genrm_model_path="scripted",  # the plan's judge; the tests use the module's service
+        genrm_engine="scripted",
     )
     base.update(kw)
-    return TrainConfig(**base)
+    base.setdefault("builtin_reward_post_process", base.get("defer_reward_to_post_process", False))
+    return build_config(**base)
 
 
 async def test_two_steps_with_judge_rewards(
@@ -122,15 +125,14 @@ async def test_two_steps_with_judge_rewards(
         test_engine_factory,
         judge,
         args,
-        mode="colocate-split",
     )
     before = {k: v.clone() for k, v in backend.model.state_dict().items()}
     batches = []
     orig = trainer.finish_step
 
-    async def spy(step, batch, times, **kw):
+    async def spy(step, batch, *rest, **kw):
         batches.append(batch)
-        await orig(step, batch, times, **kw)
+        await orig(step, batch, *rest, **kw)
 
     trainer.finish_step = spy
     await trainer.run()
@@ -186,7 +188,6 @@ async def test_failing_judge_masks_then_aborts(
         test_engine_factory,
         judge,
         args,
-        mode="colocate-split",
     )
     with pytest.raises(JudgeFailureError, match="16 of 16 samples have no reward"):
         await trainer.run()
@@ -208,7 +209,6 @@ async def test_defer_swap_through_the_service(
         test_engine_factory,
         judge,
         args,
-        mode="colocate-defer-swap",
     )
     history = await trainer.run()
     log = [(p, w, a) for p, w, a in trainer.phases.log]
@@ -221,4 +221,4 @@ async def test_defer_swap_through_the_service(
     async with httpx.AsyncClient() as c:  # the service saw the judge sleep again
         metrics = (await c.get(f"{judge}/metrics")).text
     assert "asleep" in metrics or "sleep" in metrics
-    await HttpJudgeSleeper(judge, "__default__").wake()
+    await JudgeSleeper(judge, "__default__").wake()

@@ -36,7 +36,7 @@ async def test_train_two_steps_from_flags(tmp_path):
             "engine": "scripted",
         }
     }
-    cfg, ns = parse_train_args(
+    cfg = parse_train_args(
         [
             "--hf-checkpoint",
             str(model),
@@ -70,7 +70,7 @@ async def test_train_two_steps_from_flags(tmp_path):
             "--colocate",
         ]
     )
-    assert await run_training(cfg, ns) == 0
+    assert await run_training(cfg) == 0
     records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["verdicts/judge"] == 8 for r in records)  # every reward came from the judge

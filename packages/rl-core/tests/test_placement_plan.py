@@ -319,9 +319,20 @@ INVALID: list[tuple[str, list[str], list[str]]] = [
     (
         "judge-engine-larger-than-node",
         [*replace(DEFER_16, "--resource", '{"actor": [2, 8], "rollout": [2, 8], "genrm": [2, 8]}'),
-         "--genrm-engine", "hf"],
+         "--genrm-engine", "scripted"],
         ["needs 16 GPUs, more than a node (--num-gpus-per-node 8)",
-         "engine=hf runs in one process"],
+         "engine=scripted runs in one process"],
+    ),
+    (
+        "hf-judge-engine-of-two-gpus",
+        [*replace(SPLIT_8, "--resource", '{"actor": [1, 8], "rollout": [1, 4], "genrm": [1, 4]}'),
+         "--genrm-engine", "hf", "--genrm-num-gpus-per-engine", "2"],
+        ["num_gpus_per_engine=2 with engine=hf", "runs on one device"],
+    ),
+    (
+        "hf-rollout-engine-of-two-gpus",
+        [*SPLIT_8, "--rollout-engine", "hf", "--rollout-num-gpus-per-engine", "2"],
+        ["--rollout-num-gpus-per-engine 2 with --rollout-engine hf", "runs on one device"],
     ),
     (
         "spanning-engine-whole-nodes",

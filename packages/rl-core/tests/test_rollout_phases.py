@@ -4,7 +4,8 @@ import pytest
 from rich.console import Console
 
 from genrm_serve.engines.base import EngineOutput
-from rl_core.phases import PhaseMachine, default_phases
+from rl_core.config import build_config
+from rl_core.phases import PhaseMachine, phases_from_plan
 from rl_core.rollout import RolloutError, RolloutSettings, apply_stop, encode_prompt, fill_sample
 from rl_core.sample import Sample
 from rl_core.summary import render_summary
@@ -60,6 +61,30 @@ def test_missing_logprobs_is_an_error(char_tokenizer):
         fill_sample(Sample("p", "1", {}, 0), out, char_tokenizer, RolloutSettings(2, 4))
 
 
+#: flag values of the layout each mode comes from (one judge, the smallest layout of the mode)
+_MODE_FLAGS = {
+    "colocate-split": {"rm_type": "math"},
+    "colocate-defer-swap": {
+        "rm_type": "dummy",
+        "defer_reward_to_post_process": True,
+        "builtin_reward_post_process": True,
+    },
+    "fully-async": {"rm_type": "math", "fully_async": True},
+}
+
+
+def _plan(mode):
+    cfg = build_config(
+        hf_checkpoint="m",
+        prompt_data="d.jsonl",
+        genrm_model_path="scripted",
+        genrm_engine="scripted",
+        **_MODE_FLAGS[mode],
+    )
+    assert cfg.mode == mode
+    return cfg.plan
+
+
 class Rec:
     def __init__(self, name, log):
         self.name, self.log = name, log
@@ -109,7 +134,7 @@ class Rec:
 async def test_phase_machine_sleeps_before_it_wakes(mode, sequence, expected):
     log: list[str] = []
     m = PhaseMachine(
-        default_phases(mode, ["__default__"]),
+        phases_from_plan(_plan(mode)),
         {
             "rollout": Rec("rollout", log),
             "genrm:__default__": Rec("judge", log),

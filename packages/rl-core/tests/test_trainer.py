@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_grpo import local_stack, make_trainer
 
-from rl_core.config import TrainConfig
+from rl_core.config import build_config
 from rl_core.metrics import read_metrics
 from rl_core.rewards import JudgeFailureError, custom_post_process, defer_swap_post_process
 from rl_core.trainer import RewardSetup
@@ -58,9 +58,13 @@ def _cfg(tmp_path, data, **kw):
         seed=7,
         run_dir=str(tmp_path / "run"),
         use_tis=True,
+        genrm_model_path="scripted",  # the plan's judge; the tests put their own in its phases
+        genrm_engine="scripted",
     )
     base.update(kw)
-    return TrainConfig(**base)
+    # defer mode: the plan needs a hook; the tests hand the trainer theirs
+    base.setdefault("builtin_reward_post_process", base.get("defer_reward_to_post_process", False))
+    return build_config(**base)
 
 
 async def _trainer(
@@ -72,12 +76,9 @@ async def _trainer(
     reward=None,
     deferred=False,
     judge_log=None,
-    mode="colocate-split",
 ):
     judge = RecordingJudge(judge_log if judge_log is not None else [])
-    engine, handle, backend, phases = await local_stack(
-        cfg, model_path, make_test_engine, judge, mode
-    )
+    engine, handle, backend, phases = await local_stack(cfg, model_path, make_test_engine, judge)
     reward = reward or ScriptedReward()
     if deferred:
 
@@ -94,7 +95,7 @@ async def _trainer(
         )
     else:
         setup = RewardSetup(args=cfg, reward_key="score", inline_fn=reward)
-    trainer = make_trainer(cfg, tokenizer, handle, backend, phases, setup, mode)
+    trainer = make_trainer(cfg, tokenizer, handle, backend, phases, setup)
     return trainer, engine, backend
 
 
@@ -133,8 +134,16 @@ async def test_judge_errors_masked_and_out_of_the_baseline(
         test_engine_factory,
         reward=ScriptedReward(fail_every=3),
     )
-    batch, times = await trainer.generate_and_score(0)
-    await trainer.finish_step(0, batch, times)
+    batches = []
+    orig = trainer.finish_step
+
+    async def spy(step, batch, *rest):
+        batches.append(batch)
+        await orig(step, batch, *rest)
+
+    trainer.finish_step = spy
+    await trainer.run()
+    (batch,) = batches
     failed = [s for s in batch if s.status == "judge_error"]
     assert failed and all(not s.in_loss and s.advantage == 0.0 for s in failed)
     for gid in {s.group_id for s in batch}:
@@ -175,7 +184,6 @@ async def test_defer_swap_states(
         test_engine_factory,
         deferred=True,
         judge_log=log,
-        mode="colocate-defer-swap",
     )
     await trainer.run()
     scored = [e for e in log if isinstance(e, tuple)]
@@ -221,17 +229,15 @@ async def test_fully_async_overlaps_with_staleness_one(
     tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
 ):
     cfg = _cfg(tmp_path, data_file, num_rollout=3, fully_async=True)
-    trainer, engine, _ = await _trainer(
-        cfg, tiny_model_path, char_tokenizer, test_engine_factory, mode="fully-async"
-    )
+    trainer, engine, _ = await _trainer(cfg, tiny_model_path, char_tokenizer, test_engine_factory)
     versions = []
-    orig = trainer.finish_step
+    orig = trainer.train
 
-    async def spy(step, batch, times, **kw):
+    async def spy(batch):  # the policy's version when it trains on the batch
         versions.append((trainer.weight_version, {s.weight_version for s in batch}))
-        await orig(step, batch, times, **kw)
+        return await orig(batch)
 
-    trainer.finish_step = spy
+    trainer.train = spy
     await trainer.run()
     assert engine.weight_version == 3
     # step k+1's rollout started before step k's weights existed: one version behind

@@ -12,10 +12,11 @@ from typing import Any
 from rl_core.backends.base import BackendConfig
 from rl_core.backends.torch_hf import TorchHFBackend
 from rl_core.data import load_prompt_data, make_easy_math
+from rl_core.distributed import LocalLearner
 from rl_core.engines import LocalEngineHandle
 from rl_core.grpo.loss import LossConfig
 from rl_core.metrics import PhaseClock
-from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, default_phases
+from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, phases_from_plan
 from rl_core.trainer import GRPOTrainer, RewardSetup
 
 
@@ -29,7 +30,7 @@ def write_easy_math_data(path: Path) -> Path:
     return path
 
 
-async def local_stack(cfg: Any, model_path: Any, make_engine: Any, judge: Any, mode: str) -> Any:
+async def local_stack(cfg: Any, model_path: Any, make_engine: Any, judge: Any) -> Any:
     """``(engine, handle, backend, phases)``: a started test engine, the backend, the phases."""
     engine = make_engine(model_path)
     await engine.start()
@@ -44,7 +45,7 @@ async def local_stack(cfg: Any, model_path: Any, make_engine: Any, judge: Any, m
         ),
     )
     phases = PhaseMachine(
-        default_phases(mode, ["__default__"]),
+        phases_from_plan(cfg.plan),
         {
             "rollout": GroupSleeper([handle]),
             "genrm:__default__": judge,
@@ -61,17 +62,16 @@ def make_trainer(
     backend: Any,
     phases: Any,
     rewards: RewardSetup,
-    mode: str,
 ) -> GRPOTrainer:
     """The trainer of the stack from ``local_stack``, on ``cfg.prompt_data``, quiet clock."""
     return GRPOTrainer(
         cfg,
-        backend=backend,
+        learner=LocalLearner(backend),
         tokenizer=tokenizer,
         rollout_engines=[handle],
         phases=phases,
         rewards=rewards,
         train_data=load_prompt_data(cfg.prompt_data),
-        mode=mode,
+        overlap=cfg.plan.phases_overlap,
         clock=PhaseClock(show=False),
     )

@@ -17,6 +17,7 @@ loop when that loop shuts down (see ``_close_with_loop``).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -248,6 +249,18 @@ def _decode_batch(
     ]
 
 
+def _decode_route_keys(response: httpx.Response) -> list[str]:
+    """The ``route_keys`` of a ``/sleep`` or ``/wake_up`` answer."""
+    body = _body_of(response)
+    keys = body.get("route_keys") if isinstance(body, dict) else None
+    if not isinstance(keys, list):
+        raise GenRMError(
+            f"the service answered {response.request.url} without a list of route_keys: "
+            f"{response.text[:200]!r}"
+        )
+    return [str(k) for k in keys]
+
+
 def _accept_health(response: httpx.Response) -> bool:
     """``/health`` answers an unhealthy service with 503 and a report: that is an answer."""
     if response.is_success:
@@ -463,6 +476,14 @@ class _BaseClient:
 
     def _health_attempts(self, timeout: float | NotGiven) -> _Attempts:
         return self._attempts("GET", "/health", timeout, accept=_accept_health)
+
+    def _memory_call(
+        self, path: str, route_key: str | None, timeout: float | NotGiven
+    ) -> tuple[_Attempts, bytes]:
+        """The attempts and body of ``POST /sleep`` or ``/wake_up`` (one instance, or all)."""
+        attempts = self._attempts("POST", path, timeout, route_key=route_key)
+        body = {} if route_key is None else {"route_key": route_key}
+        return attempts, json.dumps(body).encode()
 
     def _request_headers(self, attempts: _Attempts, has_body: bool) -> dict[str, str]:
         headers = {REQUEST_ID_HEADER: attempts.request_id}
@@ -712,6 +733,23 @@ class AsyncGenRMClient(_BaseClient):
         response = await self._send(self._attempts("GET", "/metrics", timeout))
         return response.text
 
+    async def sleep(
+        self, route_key: str | None = None, *, timeout: float | NotGiven = NOT_GIVEN
+    ) -> list[str]:
+        """``POST /sleep``: free the engines' memory (one instance, or all); the keys slept.
+
+        A colocated trainer calls this before it takes the judges' GPUs back.
+        """
+        response = await self._send(*self._memory_call("/sleep", route_key, timeout))
+        return _decode_route_keys(response)
+
+    async def wake_up(
+        self, route_key: str | None = None, *, timeout: float | NotGiven = NOT_GIVEN
+    ) -> list[str]:
+        """``POST /wake_up``: restore the engines' memory and admit requests again."""
+        response = await self._send(*self._memory_call("/wake_up", route_key, timeout))
+        return _decode_route_keys(response)
+
 
 #: The name the spec and the issue use for the async client.
 GenRMClient = AsyncGenRMClient
@@ -876,6 +914,20 @@ class SyncGenRMClient(_BaseClient):
     def metrics(self, *, timeout: float | NotGiven = NOT_GIVEN) -> str:
         """``GET /metrics``: the service's metrics as text (Prometheus exposition format)."""
         return self._send(self._attempts("GET", "/metrics", timeout)).text
+
+    def sleep(
+        self, route_key: str | None = None, *, timeout: float | NotGiven = NOT_GIVEN
+    ) -> list[str]:
+        """``POST /sleep``: free the engines' memory (one instance, or all); the keys slept."""
+        response = self._send(*self._memory_call("/sleep", route_key, timeout))
+        return _decode_route_keys(response)
+
+    def wake_up(
+        self, route_key: str | None = None, *, timeout: float | NotGiven = NOT_GIVEN
+    ) -> list[str]:
+        """``POST /wake_up``: restore the engines' memory and admit requests again."""
+        response = self._send(*self._memory_call("/wake_up", route_key, timeout))
+        return _decode_route_keys(response)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,104 @@
-"""GenRM judge service: LLM judges on Ray Serve with route_key routing."""
+"""GenRM judge service: LLM judges on Ray Serve with route_key routing.
 
+This module is the package's public surface: what other packages (rl-core, users' launchers)
+may import. Names resolve lazily, so ``import genrm_serve`` loads neither Ray nor torch; the
+submodules behind them are internals and may change.
+"""
+
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
 
 __version__ = _version("genrm-serve")
+
+#: public name → the module that owns it
+_EXPORTS: dict[str, str] = {
+    # configuration
+    "EngineConfig": "genrm_serve.config",
+    "GenRMConfigError": "genrm_serve.config",
+    "InstanceSpec": "genrm_serve.config",
+    "add_genrm_args": "genrm_serve.config",
+    "instances_from_args": "genrm_serve.config",
+    "ServeArgs": "genrm_serve.serve_args",
+    # the service
+    "build_app": "genrm_serve.app",
+    "deploy": "genrm_serve.app",
+    "wait_until_healthy": "genrm_serve.app",
+    "EnginePlacement": "genrm_serve.engine_refs",
+    "EngineRef": "genrm_serve.engine_refs",
+    # engines
+    "Engine": "genrm_serve.engines.base",
+    "EngineAsleepError": "genrm_serve.engines.base",
+    "EngineError": "genrm_serve.engines.base",
+    "EngineOutput": "genrm_serve.engines.base",
+    "EngineRequest": "genrm_serve.engines.base",
+    "EngineWorker": "genrm_serve.engines.worker",
+    "create_engine_worker": "genrm_serve.engines.worker",
+    # running on Ray, models
+    "LOCAL_RAY_ENV": "genrm_serve.ray_env",
+    "apply_ray_env_defaults": "genrm_serve.ray_env",
+    "resolve_model_path": "genrm_serve.models",
+}
+
+__all__ = [
+    "LOCAL_RAY_ENV",
+    "Engine",
+    "EngineAsleepError",
+    "EngineConfig",
+    "EngineError",
+    "EngineOutput",
+    "EnginePlacement",
+    "EngineRef",
+    "EngineRequest",
+    "EngineWorker",
+    "GenRMConfigError",
+    "InstanceSpec",
+    "ServeArgs",
+    "__version__",
+    "add_genrm_args",
+    "apply_ray_env_defaults",
+    "build_app",
+    "create_engine_worker",
+    "deploy",
+    "instances_from_args",
+    "resolve_model_path",
+    "wait_until_healthy",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'genrm_serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # the names as type checkers see them
+    from genrm_serve.app import build_app, deploy, wait_until_healthy
+    from genrm_serve.config import (
+        EngineConfig,
+        GenRMConfigError,
+        InstanceSpec,
+        add_genrm_args,
+        instances_from_args,
+    )
+    from genrm_serve.engine_refs import EnginePlacement, EngineRef
+    from genrm_serve.engines.base import (
+        Engine,
+        EngineAsleepError,
+        EngineError,
+        EngineOutput,
+        EngineRequest,
+    )
+    from genrm_serve.engines.worker import EngineWorker, create_engine_worker
+    from genrm_serve.models import resolve_model_path
+    from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
+    from genrm_serve.serve_args import ServeArgs

@@ -14,13 +14,24 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from genrm_serve.config import GenRMConfigError, InstanceSpec, instances_from_args
-from rl_core.placement.args import add_placement_args
+from genrm_rewards.args import RewardArgs
+from genrm_serve import GenRMConfigError, InstanceSpec, instances_from_args
+from rl_core.backends.base import BackendConfig
+from rl_core.grpo.loss import LossConfig
+from rl_core.placement import (
+    LayoutRequest,
+    PlacementError,
+    PlacementPlan,
+    add_placement_args,
+    layout_request_from_args,
+    plan_layout,
+)
 
 #: The embedded Gemma 3 270M (genrm-serve's cached safetensors copy), for policy or judge.
 EMBEDDED_MODEL = "embedded:gemma3-270m"
@@ -28,18 +39,31 @@ EMBEDDED_MODEL = "embedded:gemma3-270m"
 GENERATED_DATA = ("gen:easy-math", "gen:easy-math-eval")
 
 
+#: reward settings whose values are JSON on a command line (dicts, pairs, sampling params)
+_JSON_REWARD_FIELDS = ("reward_sampling_params", "agentic_route_keys", "dual_weights")
+
+
 class ConfigError(ValueError):
     """An invalid training configuration; the message names the flag, the value and the rule."""
 
 
-class TrainConfig(BaseModel):
-    """Everything ``rl-core train`` needs, validated."""
+class TrainConfig(RewardArgs):
+    """Everything ``rl-core train`` needs, validated: one tree, parsed once.
+
+    Flat fields are the flags (their defaults are the flags' defaults: argparse reads them from
+    here). The reward settings are inherited from genrm-rewards' ``RewardArgs``, so reward
+    functions, which read ``args.<setting>``, see every one of them. ``layout`` and ``plan`` are
+    the placement request and its plan, built once at parse time; ``backend`` and ``rewards`` are
+    views for the training backend and the reward functions.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # policy and backend
     hf_checkpoint: str
     train_backend: Literal["torch"] = "torch"
+    #: where compute runs; placement still uses the cluster's GPU bundles (``--device cpu`` on a
+    #: cluster of logical GPUs runs every layout for real on a CPU machine).
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
     max_tokens_per_gpu: int = Field(default=4096, gt=0)
@@ -91,7 +115,7 @@ class TrainConfig(BaseModel):
     eval_temperature: float | None = Field(default=None, ge=0.0)
     eval_interval: int | None = Field(default=None, gt=0)
     eval_limit: int | None = Field(default=None, gt=0)
-    # rewards
+    # rewards (the reward functions' own settings are inherited from RewardArgs)
     rm_type: str | None = None
     reward_key: str = "score"
     custom_rm_path: str | None = None
@@ -99,24 +123,22 @@ class TrainConfig(BaseModel):
     custom_reward_post_process_path: str | None = None
     reward_concurrency: int = Field(default=32, gt=0)
     max_judge_error_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
-    rule_gate: bool = False
-    deferred_rm_type: str = "dapo-genrm"
-    # judges (genrm-serve's parser) and placement
+    # judges (genrm-serve's parser) and placement (built once from the placement flags)
     genrm_instances: dict[str, InstanceSpec] = Field(default_factory=dict)
-    resource: dict[str, list[int]] | None = None
-    colocate: bool = False
-    fully_async: bool = False
-    rollout_num_gpus: int | None = None
-    rollout_num_gpus_per_engine: int = 1
-    sglang_mem_fraction_static: float | None = None
-    num_gpus_per_node: int = 8
-    builtin_reward_post_process: bool = False
+    layout: LayoutRequest
+    plan: PlacementPlan
     # checkpoints and output
     save: str | None = None
     save_interval: int | None = Field(default=None, gt=0)
     load: str | None = None
     run_dir: str = "runs/latest"
     preset: str | None = None
+
+    @field_validator(*_JSON_REWARD_FIELDS, mode="before")
+    @classmethod
+    def _json_string(cls, value: Any) -> Any:
+        """Dict-valued reward settings arrive as JSON strings from a command line."""
+        return json.loads(value) if isinstance(value, str) else value
 
     @property
     def train_batch_size(self) -> int:
@@ -126,6 +148,45 @@ class TrainConfig(BaseModel):
     @property
     def genrm_enabled(self) -> bool:
         return bool(self.genrm_instances)
+
+    @property
+    def mode(self) -> str:
+        return str(self.plan.mode)
+
+    @property
+    def rewards(self) -> RewardArgs:
+        """The reward functions' settings alone."""
+        return RewardArgs.model_validate({k: getattr(self, k) for k in RewardArgs.model_fields})
+
+    @property
+    def backend(self) -> BackendConfig:
+        """The training backend's settings (optimizer, batching, loss)."""
+        return BackendConfig(
+            lr=self.lr,
+            min_lr=self.min_lr,
+            lr_decay_style=self.lr_decay_style,
+            lr_warmup_iters=self.lr_warmup_iters,
+            lr_decay_iters=self.lr_decay_iters,
+            weight_decay=self.weight_decay,
+            adam_beta1=self.adam_beta1,
+            adam_beta2=self.adam_beta2,
+            clip_grad=self.clip_grad,
+            max_tokens_per_micro_batch=self.max_tokens_per_gpu,
+            logprob_chunk_size=self.logprob_chunk_size,
+            bf16=self.bf16,
+            temperature=self.rollout_temperature,
+            seed=self.seed,
+            loss=LossConfig(
+                eps_clip=self.eps_clip,
+                eps_clip_high=self.eps_clip_high,
+                use_kl_loss=self.use_kl_loss,
+                kl_loss_coef=self.kl_loss_coef,
+                kl_loss_type=self.kl_loss_type,
+                use_tis=self.use_tis,
+                tis_clip=self.tis_clip,
+                tis_clip_low=self.tis_clip_low,
+            ),
+        )
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -144,24 +205,8 @@ class TrainConfig(BaseModel):
             raise ValueError(
                 f"--eps-clip-high {self.eps_clip_high} must be ≥ --eps-clip {self.eps_clip}"
             )
-        if self.use_kl_loss and self.kl_loss_coef == 0.0:
-            pass  # allowed: KL is logged only, and no reference model is loaded
-        if self.defer_reward_to_post_process and self.rm_type not in (None, "dummy"):
-            raise ValueError(
-                f"--defer-reward-to-post-process needs --rm-type dummy (got {self.rm_type!r}): "
-                "the inline reward is a placeholder, the batch is scored after rollout"
-            )
-        if self.rm_type is None and self.custom_rm_path is None:
-            raise ValueError("set --rm-type (e.g. dapo-genrm, math, dummy) or --custom-rm-path")
-        if self.rm_type == "dummy" and not self.defer_reward_to_post_process:
-            raise ValueError(
-                "--rm-type dummy gives every sample a deferred placeholder; it needs "
-                "--defer-reward-to-post-process (otherwise nothing would ever score the batch)"
-            )
         if self.save_interval is not None and self.save is None:
             raise ValueError(f"--save-interval {self.save_interval} needs --save DIR")
-        if self.colocate and self.fully_async:
-            raise ValueError("--colocate and --fully-async exclude each other")
         if self.lr_decay_style != "constant" and self.lr_decay_iters is None:
             raise ValueError(f"--lr-decay-style {self.lr_decay_style} needs --lr-decay-iters")
         return self
@@ -207,11 +252,33 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# --- argparse ------------------------------------------------------------------------------------
+# --- argparse: every default comes from TrainConfig's fields ------------------------------------
 
 
-def _bool_flag(g: argparse._ArgumentGroup, name: str, help: str, default: bool = False) -> None:
-    g.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help)
+def _field_flag_kwargs(name: str) -> dict[str, Any]:
+    """argparse settings for the field ``name``: its default, and a type from its annotation."""
+    field = TrainConfig.model_fields[name]
+    default = None if field.is_required() else field.get_default(call_default_factory=True)
+    annotation = field.annotation
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction, "default": default}
+    if get_origin(annotation) is Literal:
+        return {"choices": list(get_args(annotation)), "default": default}
+    base = (
+        args[0] if get_origin(annotation) in (UnionType, Union) and len(args) == 1 else annotation
+    )
+    if base in (int, float, str):
+        return {"type": base, "default": default}
+    # dicts, tuples, models: a JSON string, validated by the model
+    return {"type": str, "default": None if default is None else json.dumps(default)}
+
+
+def _flag(g: Any, flag: str, *aliases: str, dest: str | None = None, **kw: Any) -> None:
+    """Add ``flag`` with the default and type of its TrainConfig field (``kw`` may add help)."""
+    name = dest or flag.lstrip("-").replace("-", "_")
+    settings = _field_flag_kwargs(name) | kw
+    g.add_argument(flag, *aliases, dest=name, **settings)
 
 
 DESCRIPTION = "GRPO with generative-reward-model (GenRM) judges."
@@ -234,91 +301,99 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="YAML/JSON file of flag values")
 
     g = p.add_argument_group("policy and training backend")
-    g.add_argument("--hf-checkpoint", default=None, help=f"policy model (or {EMBEDDED_MODEL})")
-    g.add_argument("--train-backend", default="torch", choices=["torch"])
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    _bool_flag(g, "--bf16", "bf16 autocast in the training backend")
-    g.add_argument("--max-tokens-per-gpu", type=int, default=4096, help="micro-batch token budget")
-    g.add_argument("--logprob-chunk-size", type=int, default=256)
+    _flag(g, "--hf-checkpoint", help=f"policy model (or {EMBEDDED_MODEL})")
+    _flag(g, "--train-backend")
+    _flag(g, "--device", help="where compute runs (placement still uses GPU bundles)")
+    _flag(g, "--bf16", help="bf16 autocast in the training backend")
+    _flag(g, "--max-tokens-per-gpu", help="micro-batch token budget")
+    _flag(g, "--logprob-chunk-size")
 
     g = p.add_argument_group("GRPO")
-    g.add_argument("--advantage-estimator", default="grpo", choices=["grpo"])
+    _flag(g, "--advantage-estimator")
     g.add_argument(
         "--disable-grpo-std-normalization",
         dest="grpo_std_normalization",
         action="store_false",
+        default=TrainConfig.model_fields["grpo_std_normalization"].default,
         help="only subtract the group mean",
     )
-    _bool_flag(g, "--use-kl-loss", "add a KL term to a frozen reference")
-    g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", default="low_var_kl", choices=["low_var_kl", "k1", "k2"])
-    g.add_argument("--eps-clip", type=float, default=0.2)
-    g.add_argument("--eps-clip-high", type=float, default=None)
-    _bool_flag(g, "--use-tis", "truncated importance sampling with rollout log-probs")
-    g.add_argument("--tis-clip", type=float, default=2.0)
-    g.add_argument("--tis-clip-low", type=float, default=0.0)
+    _flag(g, "--use-kl-loss", help="add a KL term to a frozen reference")
+    for name in ("kl_loss_coef", "kl_loss_type", "eps_clip", "eps_clip_high"):
+        _flag(g, "--" + name.replace("_", "-"))
+    _flag(g, "--use-tis", help="truncated importance sampling with rollout log-probs")
+    _flag(g, "--tis-clip")
+    _flag(g, "--tis-clip-low")
 
     g = p.add_argument_group("optimizer")
-    g.add_argument("--optimizer", default="adam", choices=["adam"])
-    g.add_argument("--lr", type=float, default=1e-6)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", default="constant", choices=["constant", "linear", "cosine"])
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-decay-iters", type=int, default=None)
-    g.add_argument("--weight-decay", type=float, default=0.0)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.98)
-    g.add_argument("--clip-grad", type=float, default=1.0)
+    for name in (
+        "optimizer",
+        "lr",
+        "min_lr",
+        "lr_decay_style",
+        "lr_warmup_iters",
+        "lr_decay_iters",
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "clip_grad",
+    ):
+        _flag(g, "--" + name.replace("_", "-"))
 
     g = p.add_argument_group("rollout")
-    g.add_argument("--num-rollout", "--num-steps", dest="num_rollout", type=int, default=1)
-    g.add_argument("--rollout-batch-size", type=int, default=8, help="prompts per step")
-    g.add_argument("--n-samples-per-prompt", type=int, default=8)
-    g.add_argument("--global-batch-size", type=int, default=None, help="samples per optim step")
-    g.add_argument("--rollout-max-response-len", type=int, default=1024)
-    g.add_argument("--rollout-max-prompt-len", type=int, default=None)
-    g.add_argument("--rollout-temperature", type=float, default=1.0)
-    g.add_argument("--rollout-top-p", type=float, default=1.0)
-    g.add_argument("--rollout-top-k", type=int, default=-1)
+    _flag(g, "--num-rollout", "--num-steps")
+    _flag(g, "--rollout-batch-size", help="prompts per step")
+    _flag(g, "--n-samples-per-prompt")
+    _flag(g, "--global-batch-size", help="samples per optimizer step")
+    for name in (
+        "rollout_max_response_len",
+        "rollout_max_prompt_len",
+        "rollout_temperature",
+        "rollout_top_p",
+        "rollout_top_k",
+    ):
+        _flag(g, "--" + name.replace("_", "-"))
     g.add_argument("--rollout-stop", nargs="*", default=None)
-    _bool_flag(g, "--rollout-shuffle", "shuffle prompts each epoch", default=True)
-    g.add_argument("--seed", type=int, default=1234)
+    _flag(g, "--rollout-shuffle", help="shuffle prompts each epoch")
+    _flag(g, "--seed")
 
     g = p.add_argument_group("data")
-    g.add_argument("--prompt-data", default=None, help=f"jsonl, or one of {GENERATED_DATA}")
-    g.add_argument("--eval-prompt-data", default=None, help="AIME-format jsonl")
-    g.add_argument("--input-key", default="prompt")
-    g.add_argument("--label-key", default="label")
-    _bool_flag(g, "--apply-chat-template", "render chat prompts with the tokenizer's template")
-    _bool_flag(g, "--strict-data", "a bad record is fatal instead of skipped")
-    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
-    g.add_argument("--eval-max-response-len", type=int, default=None)
-    g.add_argument("--eval-temperature", type=float, default=None)
-    g.add_argument("--eval-interval", type=int, default=None)
-    g.add_argument("--eval-limit", type=int, default=None, help="evaluate on the first N only")
+    _flag(g, "--prompt-data", help=f"jsonl, or one of {GENERATED_DATA}")
+    _flag(g, "--eval-prompt-data", help="AIME-format jsonl")
+    _flag(g, "--input-key")
+    _flag(g, "--label-key")
+    _flag(g, "--apply-chat-template", help="render chat prompts with the tokenizer's template")
+    _flag(g, "--strict-data", help="a bad record is fatal instead of skipped")
+    for name in (
+        "n_samples_per_eval_prompt",
+        "eval_max_response_len",
+        "eval_temperature",
+        "eval_interval",
+    ):
+        _flag(g, "--" + name.replace("_", "-"))
+    _flag(g, "--eval-limit", help="evaluate on the first N only")
 
     g = p.add_argument_group("rewards")
-    g.add_argument("--reward-key", default="score")
-    g.add_argument("--custom-rm-path", default=None, help="module.func")
-    g.add_argument("--reward-concurrency", type=int, default=32)
-    g.add_argument(
+    _flag(g, "--reward-key")
+    _flag(g, "--custom-rm-path", help="module.func")
+    _flag(g, "--reward-concurrency")
+    _flag(
+        g,
         "--max-judge-error-fraction",
-        type=float,
-        default=0.5,
         help="stop the run when a larger share of a step's samples has no reward",
     )
-    _bool_flag(g, "--rule-gate", "math-verify proves a match → 1 without calling the judge")
-    g.add_argument("--deferred-rm-type", default="dapo-genrm", help="reward of the deferred batch")
+    # every setting the reward functions read (genrm-rewards' RewardArgs), one flag each
+    for name in RewardArgs.model_fields:
+        _flag(g, "--" + name.replace("_", "-"), help="reward setting (see genrm-rewards)")
 
     # --resource, --colocate / --fully-async, rollout GPU flags, --rm-type and the defer flags,
     # and genrm-serve's --genrm-* flags: one definition, shared with `rl-core plan`.
     add_placement_args(p)
 
     g = p.add_argument_group("checkpoints and output")
-    g.add_argument("--save", default=None)
-    g.add_argument("--save-interval", type=int, default=None)
-    g.add_argument("--load", default=None)
-    g.add_argument("--run-dir", default="runs/latest", help="metrics, TensorBoard, plots")
+    _flag(g, "--save")
+    _flag(g, "--save-interval")
+    _flag(g, "--load")
+    _flag(g, "--run-dir", help="metrics, TensorBoard, plots")
 
 
 def _file_values(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -337,17 +412,18 @@ def _file_values(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
         dest = str(key).lstrip("-").replace("-", "_")
         if dest not in dests or dest in ("config", "help"):
             raise ConfigError(f"--config {path}: unknown key {key!r} (not a train flag)")
-        if dest.startswith("genrm_") and isinstance(value, dict):
+        if (dest.startswith("genrm_") or dest in _JSON_REWARD_FIELDS) and isinstance(
+            value, dict | list
+        ):
             value = json.dumps(value)
         out[dest] = value
     return out
 
 
-def parse_train_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:
-    """Parse flags (+ preset + config file) into a validated ``TrainConfig``.
+def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """Parse flags (+ preset + config file) into a validated ``TrainConfig``, plan included.
 
-    Returns the config and the raw namespace (reward functions receive the latter as ``args``,
-    so options they define, e.g. the rule gate, reach them).
+    A wrong layout is caught here, before any model loads or Ray starts.
     """
     parser = build_parser()
     first, _ = parser.parse_known_args(argv)
@@ -357,36 +433,84 @@ def parse_train_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, ar
     if first.config:
         defaults.update(_file_values(first.config, parser))
     parser.set_defaults(**defaults)
-    ns = parser.parse_args(argv)
-    cfg = config_from_namespace(ns)
-    if cfg.resource is not None:  # a wrong layout is caught here, before any model loads
-        from rl_core.placement import PlacementError, plan_from_args
+    return config_from_namespace(parser.parse_args(argv))
 
-        try:
-            plan_from_args(ns)
-        except PlacementError as err:
-            raise ConfigError(str(err)) from err
-    return cfg, ns
+
+def build_config(**values: Any) -> TrainConfig:
+    """A ``TrainConfig`` from flag values by their Python names (``lr=1e-3``, ``colocate=True``,
+    ``resource='{"actor": [1, 2], ...}'``): the command line's defaults and checks, plan included,
+    without a command line (launchers, notebooks, tests)."""
+    parser = build_parser()
+    dests = {a.dest for a in parser._actions}
+    unknown = sorted(set(values) - dests)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {unknown} (not train flags)")
+    parser.set_defaults(**values)
+    return config_from_namespace(parser.parse_args([]))
+
+
+def default_resource(ns: argparse.Namespace, judge_gpus: int) -> dict[str, list[int]]:
+    """The layout of a run without ``--resource``: the smallest one of its mode.
+
+    fully-async: one GPU for the actor and one for rollout, the judges' own; defer-swap: the
+    judges' GPUs shared by everyone; colocate: split, one rollout GPU beside the judges'.
+    """
+    if ns.fully_async:
+        resource = {"actor": [1, 1], "rollout": [1, 1]}
+    elif ns.defer_reward_to_post_process:
+        g = max(judge_gpus, 1)
+        resource = {"actor": [1, g], "rollout": [1, g]}
+    else:
+        resource = {"actor": [1, 1 + judge_gpus], "rollout": [1, 1]}
+    if judge_gpus:
+        resource["genrm"] = [1, judge_gpus]
+    return resource
+
+
+def _layout(ns: argparse.Namespace, instances: dict[str, InstanceSpec]) -> LayoutRequest:
+    if ns.resource is None:
+        ns.resource = json.dumps(default_resource(ns, sum(s.num_gpus for s in instances.values())))
+        if not ns.fully_async:
+            ns.colocate = True  # the default mode, when nothing was said about placement
+    try:
+        return layout_request_from_args(ns)
+    except PlacementError as err:
+        raise ConfigError(str(err)) from err
+
+
+def _check_reward_mode(ns: argparse.Namespace) -> None:
+    """The reward-mode flags, checked before the layout (whose errors would hide these)."""
+    defer, rm_type = ns.defer_reward_to_post_process, ns.rm_type
+    if defer and rm_type not in (None, "dummy"):
+        raise ConfigError(
+            f"--defer-reward-to-post-process needs --rm-type dummy (got {rm_type!r}): "
+            "the inline reward is a placeholder, the batch is scored after rollout"
+        )
+    if rm_type is None and ns.custom_rm_path is None:
+        raise ConfigError("set --rm-type (e.g. dapo-genrm, math, dummy) or --custom-rm-path")
+    if rm_type == "dummy" and not defer:
+        raise ConfigError(
+            "--rm-type dummy gives every sample a deferred placeholder; it needs "
+            "--defer-reward-to-post-process (otherwise nothing would ever score the batch)"
+        )
 
 
 def config_from_namespace(ns: argparse.Namespace) -> TrainConfig:
-    values = dict(vars(ns))
-    values.pop("config", None)
     for flag in ("hf_checkpoint", "prompt_data"):
-        if values.get(flag) is None:
+        if getattr(ns, flag) is None:
             raise ConfigError(f"--{flag.replace('_', '-')} is required (or use --preset cpu-demo)")
+    _check_reward_mode(ns)
     try:
-        values["genrm_instances"] = _instances(ns) if _genrm_given(ns) else {}
+        instances = _instances(ns) if _genrm_given(ns) else {}
     except GenRMConfigError as err:
         raise ConfigError(str(err)) from err
-    for key in list(values):
-        if key.startswith("genrm_") and key != "genrm_instances":
-            values.pop(key)
-    if isinstance(values.get("resource"), str):
-        try:
-            values["resource"] = json.loads(values["resource"])
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"--resource: invalid JSON at position {err.pos}: {err.msg}") from err
+    layout = _layout(ns, instances)
+    try:
+        plan = plan_layout(layout)
+    except PlacementError as err:
+        raise ConfigError(str(err)) from err
+    values = {k: v for k, v in vars(ns).items() if k in TrainConfig.model_fields}
+    values.update(genrm_instances=instances, layout=layout, plan=plan)
     try:
         return TrainConfig(**values)
     except ValidationError as err:
@@ -407,7 +531,7 @@ def _instances(ns: argparse.Namespace) -> dict[str, InstanceSpec]:
         try:
             resource = json.loads(ns.resource) if isinstance(ns.resource, str) else ns.resource
         except json.JSONDecodeError:
-            resource = None  # reported below, with the position, as a --resource error
+            resource = None  # reported by the layout, with the position, as a --resource error
         genrm = (resource or {}).get("genrm") if isinstance(resource, dict) else None
         num_gpus = genrm[0] * genrm[1] if isinstance(genrm, list) and len(genrm) == 2 else 1
         num_gpus = num_gpus if isinstance(num_gpus, int) and num_gpus > 0 else 1

@@ -38,7 +38,8 @@ class EngineHandle(ABC):
     async def wake(self) -> None: ...
 
     @abstractmethod
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
+    async def update_weights(self, state_dict: Any, version: int) -> None:
+        """``state_dict``: the weights, or a Ray object reference to them."""
 
     @abstractmethod
     async def weight_version(self) -> int: ...
@@ -46,7 +47,7 @@ class EngineHandle(ABC):
     @abstractmethod
     async def state(self) -> str: ...
 
-    async def sync_weights(self, state_dict: dict[str, Any], version: int) -> None:
+    async def sync_weights(self, state_dict: Any, version: int) -> None:
         """Send new weights and check the engine now reports ``version``."""
         await self.update_weights(state_dict, version)
         served = await self.weight_version()
@@ -72,7 +73,7 @@ class LocalEngineHandle(EngineHandle):
     async def wake(self) -> None:
         await asyncio.wait_for(self.engine.wake(), ENGINE_CALL_TIMEOUT_S)
 
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+    async def update_weights(self, state_dict: Any, version: int) -> None:
         await asyncio.wait_for(
             self.engine.update_weights(state_dict, version), ENGINE_CALL_TIMEOUT_S
         )
@@ -106,11 +107,9 @@ class RayEngineHandle(EngineHandle):
     async def wake(self) -> None:
         await self._call("wake")
 
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        import ray
-
-        ref = ray.put(state_dict)  # one copy in the object store, shared by every engine
-        await self._call("update_weights", ref, version)
+    async def update_weights(self, state_dict: Any, version: int) -> None:
+        # the trainer group hands an object-store reference: one copy, shared by every engine
+        await self._call("update_weights", state_dict, version)
 
     async def weight_version(self) -> int:
         stats: dict[str, Any] = await self._call("stats")

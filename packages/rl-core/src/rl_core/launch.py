@@ -1,40 +1,63 @@
-"""From flags to a running GRPO job: plan → Ray → judge service → engines → trainer → summary.
+"""From a config to a running GRPO job: the plan realised on Ray, then the loop.
 
-This is the only module that knows where things run. On a CPU machine everything is a real
-process on local Ray: the judge service (genrm-serve on Ray Serve, real HTTP on loopback) with its
-engine actors, the rollout engine actor(s) (genrm-serve's ``hf`` engine), and the trainer in the
-driver. The placement plan decides the mode and the phase table (which engines sleep when); on
-GPUs it is also realised as placement groups.
+This is the only module that knows where things run, and :func:`run_training` reads like the
+set-up of the algorithm: placement groups from the plan → rollout engines, as many and as large as
+the plan's, each in its bundles → judge engines per instance in theirs, handed to the judge
+service (which then creates no placement group of its own) → the trainer group (one Ray actor per
+actor GPU, one ``torch.distributed`` group) → the GRPO loop. The same path runs on a GPU cluster
+and on a CPU machine (bundles of CPUs, or Ray's logical GPUs with ``--device cpu``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import os
 import socket
 import time
+import uuid
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from transformers import AutoTokenizer
 
-from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
-from rl_core.backends.base import BackendConfig
+from genrm_client import close_genrm_clients
+from genrm_serve import (
+    LOCAL_RAY_ENV,
+    EngineConfig,
+    EnginePlacement,
+    EngineRef,
+    InstanceSpec,
+    ServeArgs,
+    apply_ray_env_defaults,
+    build_app,
+    create_engine_worker,
+    deploy,
+    resolve_model_path,
+    wait_until_healthy,
+)
 from rl_core.config import GENERATED_DATA, TrainConfig
 from rl_core.data import PromptDataset, load_prompt_data, make_easy_math
-from rl_core.engines import EngineHandle, RayEngineHandle
-from rl_core.grpo.loss import LossConfig
+from rl_core.distributed import ForwardGroup, TrainGroup
+from rl_core.engines import RayEngineHandle
+from rl_core.layout import read_layout, write_layout
 from rl_core.metrics import MetricsWriter, PhaseClock
-from rl_core.phases import (
-    CallbackSleeper,
-    GroupSleeper,
-    PhaseMachine,
-    Sleeper,
-    default_phases,
-    phases_from_plan,
+from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, Sleeper, phases_from_plan
+from rl_core.placement import (
+    PlacementError,
+    PlacementPlan,
+    PlacementUnavailableError,
+    render_plan,
+)
+from rl_core.placement.realize import (
+    RealizedPlacement,
+    create_judge_engines,
+    create_placement_groups,
+    place_engines,
 )
 from rl_core.rewards import PostProcessHook, custom_post_process, defer_swap_post_process
 from rl_core.trainer import GRPOTrainer, RewardSetup
@@ -44,6 +67,9 @@ logger = logging.getLogger(__name__)
 #: Set before Ray starts (unless the user set them): see ``genrm_serve.ray_env``.
 RAY_ENV = LOCAL_RAY_ENV
 
+#: Longest the engines (and the judge service) may take to load and become healthy.
+ENGINE_START_TIMEOUT_S = 1800.0
+
 #: Seeds of the demo's generated data sets (train and held-out evaluation differ).
 EASY_MATH_TRAIN = (256, 11)
 EASY_MATH_EVAL = (64, 977)
@@ -52,8 +78,6 @@ EASY_MATH_EVAL = (64, 977)
 def resolve_model(path: str) -> str:
     """A local model folder: ``embedded[:name]`` becomes genrm-serve's cached safetensors copy
     of the embedded model (converted from GGUF once), anything else must be a model folder."""
-    from genrm_serve.models import resolve_model_path
-
     return str(resolve_model_path(path))
 
 
@@ -86,35 +110,6 @@ def load_data(spec: str, cfg: TrainConfig, run_dir: Path, *, eval_set: bool) -> 
     return ds
 
 
-def backend_config(cfg: TrainConfig) -> BackendConfig:
-    return BackendConfig(
-        lr=cfg.lr,
-        min_lr=cfg.min_lr,
-        lr_decay_style=cfg.lr_decay_style,
-        lr_warmup_iters=cfg.lr_warmup_iters,
-        lr_decay_iters=cfg.lr_decay_iters,
-        weight_decay=cfg.weight_decay,
-        adam_beta1=cfg.adam_beta1,
-        adam_beta2=cfg.adam_beta2,
-        clip_grad=cfg.clip_grad,
-        max_tokens_per_micro_batch=cfg.max_tokens_per_gpu,
-        logprob_chunk_size=cfg.logprob_chunk_size,
-        bf16=cfg.bf16,
-        temperature=cfg.rollout_temperature,
-        seed=cfg.seed,
-        loss=LossConfig(
-            eps_clip=cfg.eps_clip,
-            eps_clip_high=cfg.eps_clip_high,
-            use_kl_loss=cfg.use_kl_loss,
-            kl_loss_coef=cfg.kl_loss_coef,
-            kl_loss_type=cfg.kl_loss_type,
-            use_tis=cfg.use_tis,
-            tis_clip=cfg.tis_clip,
-            tis_clip_low=cfg.tis_clip_low,
-        ),
-    )
-
-
 def _prepare_run_dir(cfg: TrainConfig) -> Path:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -128,37 +123,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class HttpJudgeSleeper:
-    """Sleep / wake one judge instance through the service's ``/sleep`` and ``/wake_up``."""
+class JudgeSleeper:
+    """Sleep / wake one judge instance through the service (genrm-client: API key, retries)."""
 
-    def __init__(self, url: str, route_key: str, timeout_s: float = 600.0) -> None:
-        self.url, self.route_key, self.timeout_s = url, route_key, timeout_s
-
-    async def _post(self, path: str) -> None:
-        import httpx
-
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            r = await client.post(f"{self.url}/{path}", json={"route_key": self.route_key})
-            r.raise_for_status()
+    def __init__(self, url: str, route_key: str) -> None:
+        self.url, self.route_key = url, route_key
 
     async def sleep(self) -> None:
-        await self._post("sleep")
+        from genrm_client import get_genrm_client
+
+        await get_genrm_client(self.url).sleep(self.route_key)
 
     async def wake(self) -> None:
-        await self._post("wake_up")
+        from genrm_client import get_genrm_client
 
-
-def resolve_plan(ns: Any, cfg: TrainConfig) -> tuple[str, dict[str, dict[str, Any]], Any]:
-    """The placement plan's mode and phase table (or the default table without ``--resource``)."""
-    if cfg.resource is not None:
-        from rl_core.placement import plan_from_args
-
-        plan = plan_from_args(ns)
-        return str(plan.mode), phases_from_plan(plan), plan
-    mode = "fully-async" if cfg.fully_async else "colocate"
-    if cfg.defer_reward_to_post_process:
-        mode = "colocate-defer-swap"
-    return mode, dict(default_phases(mode, list(cfg.genrm_instances))), None
+        await get_genrm_client(self.url).wake_up(self.route_key)
 
 
 def _reward_setup(cfg: TrainConfig) -> RewardSetup:
@@ -187,27 +166,147 @@ def _reward_setup(cfg: TrainConfig) -> RewardSetup:
     )
 
 
-async def _start_rollout_engines(cfg: TrainConfig, policy_path: str) -> list[EngineHandle]:
-    from genrm_serve.config import EngineConfig, InstanceSpec
-    from genrm_serve.engines.worker import create_engine_worker
+def resolve_rollout_engine(cfg: TrainConfig) -> str:
+    """``--rollout-engine auto``: SGLang where it is installed and compute is on GPUs, else hf.
 
+    The hf engine is one device: a layout that gives it more GPUs per engine is refused here,
+    before anything starts (an explicit ``hf`` is refused by the plan already).
+    """
+    kind = cfg.layout.rollout_engine
+    if kind == "auto":
+        kind = "sglang" if cfg.device != "cpu" and importlib.util.find_spec("sglang") else "hf"
+    per_engine = cfg.layout.rollout_num_gpus_per_engine
+    if kind == "hf" and per_engine > 1:
+        raise PlacementError(
+            f"--rollout-num-gpus-per-engine {per_engine}: SGLang is not installed here, and the "
+            "hf rollout engine runs on one device (1 GPU per engine); install SGLang (see the "
+            "genrm-serve README) or use --rollout-num-gpus-per-engine 1"
+        )
+    return kind
+
+
+def _on_device(spec: InstanceSpec, device: str) -> InstanceSpec:
+    """``--device cpu``: the engine computes on CPU whatever bundle it sits in."""
+    if device == "auto":
+        return spec
+    config = spec.engine_config.model_copy(update={"device": device})
+    return spec.model_copy(update={"engine_config": config})
+
+
+def rollout_spec(cfg: TrainConfig, policy_path: str, engine: str) -> InstanceSpec:
+    """The rollout engines as genrm-serve sees them: an instance of the plan's engines."""
+    plan = cfg.plan
+    engines = plan.engines_of("rollout")
+    per_engine = len(engines[0].bundles) if engines else 1
     spec = InstanceSpec(
         route_key="rollout",
         model_path=policy_path,
-        num_gpus=1,
-        engine="hf",
+        num_gpus=per_engine * max(len(engines), 1),
+        num_gpus_per_engine=per_engine,
+        engine=engine,
         engine_config=EngineConfig(
             max_batch_size=max(cfg.n_samples_per_prompt, 1) * 4,
             max_context_len=(cfg.rollout_max_prompt_len or 4096) + cfg.rollout_max_response_len,
+            mem_fraction_static=engines[0].mem_fraction_static if engines else None,
         ),
     )
-    actor = create_engine_worker(spec, 0, num_cpus=0.5, num_gpus=None)
-    await asyncio.wait_for(actor.start.remote(), 1800)
-    return [RayEngineHandle(actor, "rollout-0")]
+    return _on_device(spec, cfg.device)
 
 
-async def run_training(cfg: TrainConfig, ns: Any, console: Console | None = None) -> int:
-    """Run the whole job from a config; returns the exit status."""
+async def start_rollout_engines(
+    realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str
+) -> list[RayEngineHandle]:
+    """One engine actor per rollout engine of the plan, in its bundles, started concurrently."""
+
+    def make(engine: Any, opts: dict[str, Any]) -> Any:
+        return create_engine_worker(
+            spec,
+            engine.index,
+            placement_group=opts["placement_group"],
+            bundle_index=opts["bundle_index"],
+            num_gpus=opts["num_gpus"],
+            num_cpus=opts["num_cpus"],
+            name=f"{name_prefix}{engine.name}",
+        )
+
+    actors = place_engines(realized, "rollout", make)
+    await asyncio.gather(
+        *(asyncio.wait_for(a.start.remote(), ENGINE_START_TIMEOUT_S) for a in actors)
+    )
+    return [RayEngineHandle(a, f"rollout-{i}") for i, a in enumerate(actors)]
+
+
+async def start_judge_service(
+    realized: RealizedPlacement,
+    instances: dict[str, InstanceSpec],
+    stack: AsyncExitStack,
+) -> tuple[str, dict[str, list[Any]]]:
+    """The judge engines in the plan's bundles, handed to the service (which then creates no
+    placement group of its own and re-creates a dead engine in the same bundle)."""
+    from ray import serve
+
+    actors = create_judge_engines(realized, instances)
+    refs = {
+        key: [
+            EngineRef(
+                handle=actor,
+                placement=EnginePlacement(
+                    placement_group=realized.placement_groups[engine.group],
+                    bundle_index=realized.slot(engine.group, engine.bundles[0]).bundle_index,
+                    num_gpus=realized.engine_options(engine)["num_gpus"],
+                    num_cpus=realized.engine_options(engine)["num_cpus"],
+                ),
+            )
+            for actor, engine in zip(
+                actors[key], realized.plan.engines_of("genrm", key), strict=True
+            )
+        ]
+        for key in instances
+    }
+    sargs = ServeArgs(port=_free_port(), engine_num_cpus=0.5)
+    deploy(build_app(instances, engines=refs, args=sargs), sargs)
+    stack.callback(serve.shutdown)
+    await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S)
+    return sargs.url, actors
+
+
+def _cluster_gpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call]
+
+
+def _check_capacity(plan: PlacementPlan, use_gpus: bool) -> None:
+    """A plan the cluster can never hold is refused at once, not after a placement timeout."""
+    total = _cluster_gpus()
+    if use_gpus and plan.num_gpus > total:
+        raise PlacementUnavailableError(
+            f"the plan ({plan.mode}) needs {plan.num_gpus} GPUs, the Ray cluster has {total:g} "
+            "in total: add nodes, or shrink --resource"
+        )
+
+
+def _init_ray(plan: PlacementPlan) -> bool:
+    """Connect to ``RAY_ADDRESS`` (``ray job submit``) or start a local Ray; True if we started it.
+
+    A local Ray gets logical CPUs beyond the cores: each bundle of the plan reserves one, and
+    the service's processes need some outside the placement groups.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    # Engine and Serve logs stay in Ray's session logs; the driver shows the phases.
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if address == "local":
+        kwargs["num_cpus"] = (os.cpu_count() or 2) + plan.num_gpus + 2
+    ray.init(address=address, **kwargs)
+    return True
+
+
+async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
+    """Run the whole job from a config: the realised plan, then the GRPO loop. Exit status."""
     apply_ray_env_defaults(disable_auth=True)
     import ray
 
@@ -215,93 +314,71 @@ async def run_training(cfg: TrainConfig, ns: Any, console: Console | None = None
     t_start = time.perf_counter()
     startup: dict[str, float] = {}
     run_dir = await asyncio.to_thread(_prepare_run_dir, cfg)
-
-    mode, table, plan = resolve_plan(ns, cfg)
-    if plan is not None:
-        from rl_core.placement import render_plan
-
-        console.print(render_plan(plan))
-    console.print(f"[bold]mode[/]: {mode}")
+    plan = cfg.plan
+    console.print(render_plan(plan))
+    rollout_engine = resolve_rollout_engine(cfg)
+    prefix = f"rl-core-{uuid.uuid4().hex[:6]}:"
 
     async with AsyncExitStack() as stack:
         t0 = time.perf_counter()
-        if not ray.is_initialized():
-            address = os.environ.get("RAY_ADDRESS") or "local"
-            # Engine and Serve logs stay in Ray's session logs; the driver shows the phases.
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-            if address == "local":
-                kwargs["num_cpus"] = max(2, os.cpu_count() or 2)
-            ray.init(address=address, **kwargs)
+        if _init_ray(plan):
             stack.callback(ray.shutdown)
+        use_gpus = _cluster_gpus() > 0
+        _check_capacity(plan, use_gpus)
+        realized = await asyncio.to_thread(create_placement_groups, plan, use_gpus=use_gpus)
+        stack.callback(realized.remove)
         startup["ray"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         policy_path = await asyncio.to_thread(resolve_model, cfg.hf_checkpoint)
         startup["models"] = time.perf_counter() - t0
 
-        participants: dict[str, Sleeper] = {}
+        # Engines first, then the trainer: on a shared GPU each role loads within its share.
+        t0 = time.perf_counter()
+        engines = await start_rollout_engines(
+            realized, rollout_spec(cfg, policy_path, rollout_engine), prefix
+        )
+        startup["rollout_engines"] = time.perf_counter() - t0
+
+        participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
+        judge_actors: dict[str, list[Any]] = {}
         if cfg.genrm_enabled:
             t0 = time.perf_counter()
-            from ray import serve
-
-            from genrm_serve.app import build_app, deploy, wait_until_healthy
-            from genrm_serve.serve_args import ServeArgs
-
-            instances = dict(cfg.genrm_instances)  # engines resolve their model paths
-            sargs = ServeArgs(port=_free_port(), engine_num_cpus=0.5)
-            deploy(build_app(instances, args=sargs), sargs)
-            stack.callback(serve.shutdown)
-            await asyncio.to_thread(wait_until_healthy, sargs, 1800.0)
-            os.environ["GENRM_URL"] = sargs.url
+            instances = {k: _on_device(s, cfg.device) for k, s in cfg.genrm_instances.items()}
+            url, judge_actors = await start_judge_service(realized, instances, stack)
             # reward functions use genrm-client's process-wide client, which reads GENRM_URL
             # when it is created: drop any made before this service existed, and close ours last
-            from genrm_client import close_genrm_clients
-
+            os.environ["GENRM_URL"] = url
             await close_genrm_clients()
             stack.push_async_callback(close_genrm_clients)
-            console.print(f"[bold]judge service[/]: {sargs.url} ({', '.join(instances)})")
-            for key in instances:
-                participants[f"genrm:{key}"] = HttpJudgeSleeper(sargs.url, key)
+            console.print(f"[bold]judge service[/]: {url} ({', '.join(instances)})")
+            participants.update({f"genrm:{k}": JudgeSleeper(url, k) for k in instances})
             startup["judge_service"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        engines = await _start_rollout_engines(cfg, policy_path)
-        startup["rollout_engines"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        from transformers import AutoTokenizer
-
-        from rl_core.backends.torch_hf import TorchHFBackend
-
-        device = cfg.device
-        if device == "auto":
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        groups = await start_trainer_groups(cfg, realized, policy_path, prefix)
+        learner = groups["actor"]
+        participants["actor"] = CallbackSleeper(learner.offload, learner.onload)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
-        backend = await asyncio.to_thread(
-            TorchHFBackend, policy_path, backend_config(cfg), device=device
-        )
         startup["trainer"] = time.perf_counter() - t0
-        participants["rollout"] = GroupSleeper(engines)
-        participants["actor"] = CallbackSleeper(backend.offload, backend.onload)
 
-        train_data = load_data(cfg.prompt_data, cfg, run_dir, eval_set=False)
-        eval_data = (
-            load_data(cfg.eval_prompt_data, cfg, run_dir, eval_set=True)
-            if cfg.eval_prompt_data
-            else None
-        )
+        layout = await read_layout(realized, groups, engines, judge_actors)
+        await asyncio.to_thread(write_layout, run_dir, layout)
+
         trainer = GRPOTrainer(
             cfg,
-            backend=backend,
+            learner=learner,
             tokenizer=tokenizer,
             rollout_engines=engines,
-            phases=PhaseMachine(table, participants),
+            phases=PhaseMachine(phases_from_plan(plan), participants),
             rewards=_reward_setup(cfg),
-            train_data=train_data,
-            eval_data=eval_data,
-            mode=mode,
+            train_data=load_data(cfg.prompt_data, cfg, run_dir, eval_set=False),
+            eval_data=load_data(cfg.eval_prompt_data, cfg, run_dir, eval_set=True)
+            if cfg.eval_prompt_data
+            else None,
+            reference=groups.get("reference"),
+            actor_fwd=groups.get("actor_fwd"),
+            overlap=plan.phases_overlap,
             metrics=MetricsWriter(run_dir),
             clock=PhaseClock(console),
         )
@@ -313,10 +390,48 @@ async def run_training(cfg: TrainConfig, ns: Any, console: Console | None = None
     figures = plot_run(run_dir)
     render_summary(
         history,
-        mode=mode,
+        mode=cfg.mode,
         startup=startup,
         total_s=time.perf_counter() - t_start,
         console=Console(),
     )
     Console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
     return 0
+
+
+async def start_trainer_groups(
+    cfg: TrainConfig, realized: RealizedPlacement, policy_path: str, prefix: str
+) -> dict[str, Any]:
+    """The actor's data-parallel group, and in fully-async the forward-only roles' groups.
+
+    In colocate the reference (if the KL loss needs one) lives in each actor rank; in
+    fully-async ``reference`` and ``actor_fwd`` are ranks of their own on their own GPUs.
+    """
+    roles = realized.plan.roles
+    separate = realized.plan.phases_overlap
+    own_reference = separate and "reference" in roles
+    groups: dict[str, Any] = {
+        "actor": TrainGroup(
+            realized,
+            "actor",
+            policy_path,
+            cfg.backend,
+            device=cfg.device,
+            name_prefix=prefix,
+            load_reference=False if own_reference else None,
+        )
+    }
+    if separate:
+        for role in ("reference", "actor_fwd"):
+            if role in roles:
+                groups[role] = ForwardGroup(
+                    realized,
+                    role,
+                    policy_path,
+                    cfg.backend,
+                    device=cfg.device,
+                    name_prefix=prefix,
+                    load_reference=False,
+                )
+    await asyncio.gather(*(g.start() for g in groups.values()))
+    return groups

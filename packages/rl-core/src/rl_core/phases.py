@@ -64,26 +64,6 @@ def phases_from_plan(plan: Any) -> dict[PhaseName, dict[str, State]]:
     return {phase.name: {act.who: act.state for act in phase.activities} for phase in plan.phases}
 
 
-def default_phases(mode: str, judges: Sequence[str]) -> dict[PhaseName, dict[str, State]]:
-    """The phase table of a mode without a plan (same rules as the placement plan)."""
-    js = [f"genrm:{k}" for k in judges]
-    if mode == "fully-async":
-        return {
-            "inference": {"rollout": "active", **dict.fromkeys(js, "active")},
-            "train": {"actor": "active"},
-        }
-    if mode == "colocate-defer-swap":
-        return {
-            "inference": {"rollout": "active", **dict.fromkeys(js, "asleep"), "actor": "asleep"},
-            "reward": {"rollout": "asleep", **dict.fromkeys(js, "active"), "actor": "asleep"},
-            "train": {"actor": "active", "rollout": "asleep", **dict.fromkeys(js, "asleep")},
-        }
-    return {
-        "inference": {"rollout": "active", **dict.fromkeys(js, "active"), "actor": "asleep"},
-        "train": {"actor": "active", "rollout": "asleep", **dict.fromkeys(js, "asleep")},
-    }
-
-
 @dataclass
 class PhaseMachine:
     """Drives participants through the phases of a table; everything starts ``active``."""

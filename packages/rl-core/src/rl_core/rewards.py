@@ -142,6 +142,11 @@ def custom_post_process(fn: Callable[..., Awaitable[Any]]) -> PostProcessHook:
     return hook
 
 
+def judgeable(samples: Sequence[Sample]) -> list[Sample]:
+    """The samples a reward may score: an aborted generation is neither judged nor trained."""
+    return [s for s in samples if s.status != "aborted"]
+
+
 def check_scored(samples: Sequence[Sample]) -> None:
     left = [s for s in samples if s.status in ("deferred", "pending")]
     if left:

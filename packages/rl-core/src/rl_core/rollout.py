@@ -11,6 +11,8 @@ and their log-probs always agree whatever the engine does with ``stop``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +66,17 @@ def apply_stop(tokenizer: Any, tokens: list[int], stop: Sequence[str]) -> tuple[
     return len(tokens), None
 
 
+#: Seed namespaces: training rollouts and evaluations never draw the same seed.
+SEED_TRAIN, SEED_EVAL = 0, 1
+
+
+def sample_seed(base: int, kind: int, step: int, group: int, index: int) -> int:
+    """A sampling seed per (run seed, train/eval, step, group, sample), collision-free in
+    practice for any batch size (a hash, not ``step * 100_000 + group * 1000 + index``)."""
+    key = struct.pack("<5q", base, kind, step, group, index)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little") & 0x7FFFFFFF
+
+
 def make_group(record: PromptRecord, group_id: int, n: int) -> list[Sample]:
     return [
         Sample(
@@ -101,6 +114,8 @@ def fill_sample(
     sample.response = tokenizer.decode(tokens, skip_special_tokens=True)
     sample.finish_reason = finish
     sample.weight_version = out.weight_version
+    if finish in ("abort", "error"):  # cut off by the engine: never judged, never trained
+        sample.status = "aborted"
 
 
 async def generate_groups(
@@ -110,7 +125,7 @@ async def generate_groups(
     settings: RolloutSettings,
     on_done: Callable[[list[Sample]], Awaitable[None] | None] | None = None,
     *,
-    seed_base: int = 0,
+    seed_key: tuple[int, int] = (0, 0),
 ) -> list[list[Sample]]:
     """Generate every group (one engine call per group, round robin over ``engines``).
 
@@ -134,7 +149,7 @@ async def generate_groups(
             seed = (
                 None
                 if settings.seed is None
-                else settings.seed + seed_base + s.group_id * 1000 + s.index
+                else sample_seed(settings.seed, *seed_key, s.group_id, s.index)
             )
             requests.append(
                 EngineRequest(

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-#: Reward statuses, as genrm-rewards reports them; ``pending`` means not scored yet.
-RewardStatus = Literal["pending", "ok", "unparsed", "judge_error", "deferred"]
+#: Reward statuses, as genrm-rewards reports them; ``pending`` means not scored yet, ``aborted``
+#: that the engine did not finish the response (it is neither judged nor trained).
+RewardStatus = Literal["pending", "ok", "unparsed", "judge_error", "deferred", "aborted"]
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
@@ -53,8 +54,13 @@ class Sample:
 
     @property
     def in_loss(self) -> bool:
-        """Whether the sample takes part in the loss: a judge failure never does."""
-        return self.status != "judge_error" and self.reward is not None and self.response_length > 0
+        """Whether the sample takes part in the loss and its group's baseline: a judge failure
+        or an aborted generation never does."""
+        return (
+            self.status not in ("judge_error", "aborted")
+            and self.reward is not None
+            and self.response_length > 0
+        )
 
     def apply_reward(self, result: dict[str, Any], reward_key: str = "score") -> None:
         """Store a reward function's result; a missing/None score is a judge error, never a 0."""

@@ -16,13 +16,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rl_core").setLevel(logging.INFO)
     try:
-        cfg, ns = parse_train_args(argv)
+        cfg = parse_train_args(argv)
     except ConfigError as err:
         print(f"rl-core train: {err}", file=sys.stderr)
         return 2
     from rl_core.launch import run_training
+    from rl_core.placement import PlacementError, PlacementUnavailableError
 
-    return asyncio.run(run_training(cfg, ns))
+    try:
+        return asyncio.run(run_training(cfg))
+    except (PlacementError, PlacementUnavailableError) as err:
+        print(f"rl-core train: {err}", file=sys.stderr)
+        return 2
 
 
 # --- the ``rl-core train`` subcommand ------------------------------------------------------------

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_core.backends.base import TrainingBackend, TrainItem
+from rl_core.backends.base import TrainItem
 from rl_core.config import TrainConfig
 from rl_core.data import PromptCursor, PromptDataset
+from rl_core.distributed import ForwardGroup, Learner
 from rl_core.engines import EngineHandle, StaleWeightsError
-from rl_core.grpo.advantages import grpo_advantages
+from rl_core.grpo.advantages import Advantages, grpo_advantages
 from rl_core.metrics import MetricsWriter, PhaseClock
 from rl_core.phases import PhaseMachine
 from rl_core.rewards import (
@@ -33,8 +34,9 @@ from rl_core.rewards import (
     RewardFn,
     check_judge_errors,
     check_scored,
+    judgeable,
 )
-from rl_core.rollout import RolloutSettings, generate_groups, make_group
+from rl_core.rollout import SEED_EVAL, SEED_TRAIN, RolloutSettings, generate_groups, make_group
 from rl_core.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -112,33 +114,53 @@ def _acc(sample: Sample) -> float | None:
     return 1.0 if sample.reward > 0.5 else 0.0
 
 
+def train_items(batch: Sequence[Sample]) -> list[TrainItem]:
+    """The samples the trainer sees (a sample without response tokens has nothing to train)."""
+    return [
+        TrainItem(
+            tokens=s.tokens,
+            response_start=len(s.prompt_tokens),
+            advantage=s.advantage,
+            in_loss=s.in_loss,
+            rollout_logprobs=s.rollout_logprobs or None,
+        )
+        for s in batch
+        if s.response_length > 0
+    ]
+
+
 class GRPOTrainer:
-    """One GRPO run."""
+    """One GRPO run: :meth:`run` is the algorithm, top to bottom."""
 
     def __init__(
         self,
         cfg: TrainConfig,
         *,
-        backend: TrainingBackend,
+        learner: Learner,
         tokenizer: Any,
         rollout_engines: Sequence[EngineHandle],
         phases: PhaseMachine,
         rewards: RewardSetup,
         train_data: PromptDataset,
         eval_data: PromptDataset | None = None,
-        mode: str = "colocate",
+        reference: ForwardGroup | None = None,
+        actor_fwd: ForwardGroup | None = None,
+        overlap: bool = False,
         metrics: MetricsWriter | None = None,
         clock: PhaseClock | None = None,
     ) -> None:
         self.cfg = cfg
-        self.backend = backend
+        self.learner = learner
         self.tokenizer = tokenizer
         self.engines = list(rollout_engines)
         self.phases = phases
         self.rewards = rewards
         self.train_data = train_data
         self.eval_data = eval_data
-        self.mode = mode
+        self.reference = reference
+        self.actor_fwd = actor_fwd
+        #: fully-async: step k+1's rollout runs while step k trains (samples ≤ 1 version stale)
+        self.overlap = overlap
         self.metrics = metrics or MetricsWriter(cfg.run_dir)
         self.clock = clock or PhaseClock()
         self.cursor = PromptCursor(size=len(train_data), seed=cfg.seed)
@@ -147,7 +169,6 @@ class GRPOTrainer:
         self.weight_version = 0
         self.start_step = 0
         self.history: list[StepRecord] = []
-        self._inline: InlineRewards | None = None
         self.eval_history: list[dict[str, Any]] = []
         self.settings = RolloutSettings(
             n_samples_per_prompt=cfg.n_samples_per_prompt,
@@ -165,60 +186,105 @@ class GRPOTrainer:
     # --- the loop --------------------------------------------------------------------------------
 
     async def run(self) -> list[StepRecord]:
-        """Train for ``--num-rollout`` steps (from the loaded checkpoint, if any)."""
+        """Train for ``--num-rollout`` steps (from the loaded checkpoint, if any).
+
+        Each step: generate and score → advantages → train → weights to the rollout engines.
+        In fully-async the next step's rollout is started before this step trains.
+        """
         if self.cfg.load:
             await self.load(Path(self.cfg.load))
-        if self.mode == "fully-async":
-            await self._run_fully_async()
-        else:
-            for step in range(self.start_step, self.cfg.num_rollout):
+        steps = range(self.start_step, self.cfg.num_rollout)
+        ahead: asyncio.Task[tuple[list[Sample], dict[str, float]]] | None = None
+        for step in steps:
+            await self.phases.enter("inference")
+            batch, times = await (ahead or self.rollout(step))
+            ahead = None
+            if self.overlap and step + 1 < self.cfg.num_rollout:
+                ahead = asyncio.ensure_future(self.rollout(step + 1))
+            self._check_staleness(batch, max_staleness=1 if self.overlap else 0)
+            errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step)
+            adv = self.advantages(batch)
+
+            await self.phases.enter("train")
+            t0 = time.perf_counter()
+            train_metrics = await self.train(batch)
+            times["train"] = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            if not self.overlap:
                 await self.phases.enter("inference")
-                batch, times = await self.generate_and_score(step)
-                await self.finish_step(step, batch, times)
+            times["wake"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            await self.sync_weights(self.weight_version + 1)
+            times["weight_sync"] = time.perf_counter() - t0
+
+            await self.finish_step(step, batch, adv, errors, train_metrics, times)
         self.metrics.close()
         return self.history
 
-    async def _run_fully_async(self) -> None:
-        """Rollout of step k+1 runs while step k trains; samples are at most 1 version stale."""
-        await self.phases.enter("inference")
-        pending: asyncio.Task[tuple[list[Sample], dict[str, float]]] | None = None
-        pending = asyncio.ensure_future(self.generate_and_score(self.start_step))
-        for step in range(self.start_step, self.cfg.num_rollout):
-            batch, times = await pending
-            if step + 1 < self.cfg.num_rollout:
-                pending = asyncio.ensure_future(self.generate_and_score(step + 1))
-            await self.finish_step(step, batch, times, max_staleness=1)
+    # --- the parts of a step ---------------------------------------------------------------------
 
-    async def finish_step(
-        self,
-        step: int,
-        batch: list[Sample],
-        times: dict[str, float],
-        *,
-        max_staleness: int = 0,
-    ) -> None:
-        """Everything after the rollout of a step: advantages, train, sync, eval, save, log."""
-        self._check_staleness(batch, max_staleness)
-        errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step)
+    async def rollout(self, step: int) -> tuple[list[Sample], dict[str, float]]:
+        """Generate the step's groups and score every sample (inline as groups finish, or the
+        whole batch after rollout in defer mode)."""
+        cfg = self.cfg
+        idx = self.cursor.take(cfg.rollout_batch_size)
+        groups = [
+            make_group(self.train_data.records[i], gid, cfg.n_samples_per_prompt)
+            for gid, i in enumerate(idx)
+        ]
+        times: dict[str, float] = {}
+        batch = await self._generate_and_score(
+            groups, self.settings, seed_key=(SEED_TRAIN, step), label="rollout", times=times
+        )
+        check_scored(batch)
+        return batch, times
+
+    def advantages(self, batch: list[Sample]) -> Advantages:
+        """GRPO advantages over the samples in the loss; the others get 0 and stay out of their
+        group's mean and std (one membership rule for both: ``Sample.in_loss``)."""
         adv = grpo_advantages(
-            [s.reward for s in batch],
+            [s.reward if s.in_loss else None for s in batch],
             [s.group_id for s in batch],
             normalize_std=self.cfg.grpo_std_normalization,
         )
         for s, a, ok in zip(batch, adv.values, adv.valid, strict=True):
             s.advantage = a if ok else 0.0
-        await self.phases.enter("train")
-        t0 = time.perf_counter()
-        train_metrics = await asyncio.to_thread(self.train_on, batch)
-        times["train"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        if self.mode != "fully-async":
-            await self.phases.enter("inference")
-        times["wake"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        await self.sync_weights(self.weight_version + 1)
-        times["weight_sync"] = time.perf_counter() - t0
+        return adv
 
+    async def train(self, batch: list[Sample]) -> dict[str, float]:
+        """Log-probs from the forward-only roles where the plan has them, then the optimizer
+        steps of this rollout on the learner (one per global batch)."""
+        items = train_items(batch)
+        if not items:
+            return {"skipped": 1.0}
+        size = self.cfg.train_batch_size
+        old = ref = None
+        if self.actor_fwd is not None and len(items) > size:
+            old = await self.actor_fwd.logprobs(items)
+        if self.reference is not None and self.cfg.use_kl_loss and self.cfg.kl_loss_coef:
+            ref = await self.reference.logprobs(items)
+        return await self.learner.train(items, size, old=old, ref=ref)
+
+    async def sync_weights(self, version: int) -> None:
+        """Send the policy's weights to every rollout engine; each must then serve ``version``."""
+        weights = await self.learner.export_weights()
+        await asyncio.gather(
+            *(e.sync_weights(weights, version) for e in self.engines),
+            *([self.actor_fwd.load_weights(weights)] if self.actor_fwd is not None else []),
+        )
+        self.weight_version = version
+
+    async def finish_step(
+        self,
+        step: int,
+        batch: list[Sample],
+        adv: Advantages,
+        errors: int,
+        train_metrics: dict[str, float],
+        times: dict[str, float],
+    ) -> None:
+        """Metrics, evaluation, checkpoint and sample dump of a trained step."""
         metrics = self._rollout_metrics(batch)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         metrics.update(
@@ -242,43 +308,22 @@ class GRPOTrainer:
             or step + 1 == self.cfg.num_rollout
         ):
             t0 = time.perf_counter()
-            await asyncio.to_thread(self.save, Path(self.cfg.save), step + 1)
+            await self.save(Path(self.cfg.save), step + 1)
             times["save"] = time.perf_counter() - t0
         metrics.update({f"time/{k}": v for k, v in times.items()})
         self.metrics.log(step + 1, metrics)
         self.metrics.log_samples(f"step_{step + 1:06d}", [sample_row(s) for s in batch])
         self.history.append(StepRecord(step + 1, metrics, times, verdicts))
 
-    # --- phases ----------------------------------------------------------------------------------
-
-    async def generate_and_score(self, step: int) -> tuple[list[Sample], dict[str, float]]:
-        """Rollout of one step with inline rewards (or deferred scoring after it)."""
-        cfg = self.cfg
-        idx = self.cursor.take(cfg.rollout_batch_size)
-        groups = [
-            make_group(self.train_data.records[i], gid, cfg.n_samples_per_prompt)
-            for gid, i in enumerate(idx)
-        ]
-        times: dict[str, float] = {}
-        t0 = time.perf_counter()
-        samples = await self._generate(groups, seed_base=step * 100_000, label="rollout")
-        times["rollout"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        await self._score_after(samples)
-        times["reward_wait" if not self.rewards.deferred else "reward"] = time.perf_counter() - t0
-        check_scored(samples)
-        return samples, times
-
-    async def _generate(
+    async def _generate_and_score(
         self,
         groups: list[list[Sample]],
+        settings: RolloutSettings,
         *,
-        seed_base: int,
+        seed_key: tuple[int, int],
         label: str,
-        settings: RolloutSettings | None = None,
+        times: dict[str, float],
     ) -> list[Sample]:
-        settings = settings or self.settings
-        n = sum(len(g) for g in groups)
         inline = None
         if not self.rewards.deferred:
             assert self.rewards.inline_fn is not None
@@ -288,72 +333,32 @@ class GRPOTrainer:
                 reward_key=self.rewards.reward_key,
                 concurrency=self.rewards.concurrency,
             )
+        n = sum(len(g) for g in groups)
+        t0 = time.perf_counter()
         with self.clock.phase(label, total=n) as advance:
 
             def done(group: list[Sample]) -> None:
                 advance(len(group))
                 if inline is not None:
-                    inline.submit(group)
+                    inline.submit(judgeable(group))
 
             await generate_groups(
-                self.engines, groups, self.tokenizer, settings, done, seed_base=seed_base
+                self.engines, groups, self.tokenizer, settings, done, seed_key=seed_key
             )
-        self._inline = inline
-        return [s for g in groups for s in g]
-
-    async def _score_after(self, samples: list[Sample]) -> None:
-        if self.rewards.deferred:
-            assert self.rewards.post_process is not None and self.rewards.batch_fn is not None
-            with self.clock.phase("reward", total=None):
+        times[label] = time.perf_counter() - t0
+        samples = [s for g in groups for s in g]
+        t0 = time.perf_counter()
+        with self.clock.phase("reward", total=None):
+            if inline is not None:
+                await inline.drain()
+            else:
+                assert self.rewards.post_process is not None and self.rewards.batch_fn is not None
                 ctx = PostProcessContext(
                     self.rewards.args, self.phases, self.rewards.batch_fn, self.rewards.reward_key
                 )
-                await self.rewards.post_process(ctx, samples)
-        elif self._inline is not None:
-            with self.clock.phase("reward", total=None):
-                await self._inline.drain()
-
-    def train_on(self, batch: list[Sample]) -> dict[str, float]:
-        """Log-probs (old, reference), then one optimizer step per global batch."""
-        items = [
-            TrainItem(
-                tokens=s.tokens,
-                response_start=len(s.prompt_tokens),
-                advantage=s.advantage,
-                in_loss=s.in_loss,
-                rollout_logprobs=s.rollout_logprobs or None,
-            )
-            for s in batch
-            if s.response_length > 0
-        ]
-        if not items:
-            return {"skipped": 1.0}
-        size = self.cfg.train_batch_size
-        # One optimizer step per rollout: the policy that sampled is the one being updated, so
-        # the old log-probs come from the training forward itself (one pass instead of two).
-        old = self.backend.logprobs(items) if len(items) > size else None
-        ref = None
-        if getattr(self.backend, "ref_model", None) is not None:
-            ref = self.backend.logprobs(items, reference=True)
-        out: dict[str, float] = {}
-        steps = 0
-        for start in range(0, len(items), size):
-            sl = slice(start, start + size)
-            m = self.backend.train_step(
-                items[sl],
-                old_logprobs=old[sl] if old is not None else None,
-                ref_logprobs=ref[sl] if ref else None,
-            )
-            steps += 1
-            for k, v in m.items():
-                out[k] = out.get(k, 0.0) + v
-        return {k: v / steps for k, v in out.items()} | {"optimizer_steps": float(steps)}
-
-    async def sync_weights(self, version: int) -> None:
-        """Send the policy's weights to every rollout engine; each must then serve ``version``."""
-        state = await asyncio.to_thread(self.backend.export_weights)
-        await asyncio.gather(*(e.sync_weights(state, version) for e in self.engines))
-        self.weight_version = version
+                await self.rewards.post_process(ctx, judgeable(samples))
+        times["reward_wait" if inline is not None else "reward"] = time.perf_counter() - t0
+        return samples
 
     def _check_staleness(self, batch: list[Sample], max_staleness: int) -> None:
         for s in batch:
@@ -364,7 +369,7 @@ class GRPOTrainer:
                 raise StaleWeightsError(
                     f"sample g{s.group_id}/{s.index} was generated with weight version "
                     f"{s.weight_version}, the policy is at {self.weight_version} "
-                    f"(allowed staleness {max_staleness} in mode {self.mode})"
+                    f"(allowed staleness {max_staleness} in mode {self.cfg.mode})"
                 )
 
     async def evaluate(self, step: int) -> dict[str, Any]:
@@ -391,8 +396,9 @@ class GRPOTrainer:
         )
         if self.phases.current != "inference":
             await self.phases.enter("inference")
-        samples = await self._generate(groups, seed_base=7_000_000, label="eval", settings=settings)
-        await self._score_after(samples)
+        samples = await self._generate_and_score(
+            groups, settings, seed_key=(SEED_EVAL, step), label="eval", times={}
+        )
         if self.rewards.deferred:
             await self.phases.enter("inference")
         scored = [s for s in samples if s.reward is not None]
@@ -426,13 +432,14 @@ class GRPOTrainer:
             "rollout/reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             "rollout/acc_mean": statistics.fmean(accs) if accs else None,
             "rollout/unparsed": sum(1 for s in batch if s.status == "unparsed"),
+            "rollout/aborted": sum(1 for s in batch if s.status == "aborted"),
             "rollout/response_len_mean": statistics.fmean(lens),
             "rollout/truncated": sum(1 for s in batch if s.finish_reason == "length"),
         }
 
-    def save(self, root: Path, step: int) -> Path:
+    async def save(self, root: Path, step: int) -> Path:
         path = root / f"step_{step:06d}"
-        self.backend.save(
+        await self.learner.save(
             path,
             {
                 "rollout_step": step,
@@ -445,7 +452,7 @@ class GRPOTrainer:
 
     async def load(self, root: Path) -> None:
         path = root / (root / LATEST).read_text().strip() if (root / LATEST).is_file() else root
-        extra = await asyncio.to_thread(self.backend.load, path)
+        extra = await self.learner.load(path)
         self.cursor.restore(extra["cursor"])
         self.start_step = int(extra["rollout_step"])
         await self.sync_weights(int(extra["weight_version"]))

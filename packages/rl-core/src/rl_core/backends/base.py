@@ -95,8 +95,13 @@ class TrainingBackend(ABC):
         *,
         old_logprobs: list[torch.Tensor] | None,
         ref_logprobs: list[torch.Tensor] | None = None,
+        total_tokens: float | None = None,
     ) -> dict[str, float]:
         """One optimizer step on a global batch; returns metrics (loss, kl, clipfrac, ...).
+
+        ``total_tokens`` is the in-loss token count of the whole global batch when ``items`` is
+        one data-parallel rank's share of it (default: the count of ``items``); the loss is a
+        token mean over the global batch, and gradients are summed over the ranks.
 
         ``old_logprobs`` None means the batch is on-policy for this very step (one optimizer
         step per rollout): the old log-probs are the current ones, detached, which saves a

@@ -91,6 +91,45 @@ def token_logprobs(
     return torch.cat(outs), torch.cat(ents)
 
 
+#: Elements per all-reduce bucket (fp32: 256 MB), so large models never need one flat copy.
+_BUCKET_NUMEL = 64 * 1024 * 1024
+
+
+def reduce_gradients(model: Any) -> None:
+    """Sum gradients over the data-parallel group (no-op without one), as DDP would.
+
+    The loss of every rank is already divided by the global token count, so the sum is the
+    global gradient and every rank then takes the same optimizer step. One bucketed
+    ``all_reduce`` per step, after all micro-batches: DDP's wrapper cannot be used because the
+    chunked-logits forward calls the decoder and the output layer separately, and accumulating
+    micro-batches would need its ``no_sync`` anyway. A rank without any in-loss token still
+    joins, with zeros.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for i, p in enumerate(params):
+        bucket.append(p.grad)
+        size += p.grad.numel()
+        if size >= _BUCKET_NUMEL or i == len(params) - 1:
+            flat = torch._utils._flatten_dense_tensors(bucket)  # type: ignore[no-untyped-call]
+            dist.all_reduce(flat)
+            for g, synced in zip(
+                bucket,
+                torch._utils._unflatten_dense_tensors(flat, bucket),  # type: ignore[no-untyped-call]
+                strict=True,
+            ):
+                g.copy_(synced)
+            bucket, size = [], 0
+
+
 def _load_causal_lm(path: str | Path, device: torch.device) -> Any:
     model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     return model.to(device)
@@ -190,10 +229,13 @@ class TorchHFBackend(TrainingBackend):
         *,
         old_logprobs: list[torch.Tensor] | None,
         ref_logprobs: list[torch.Tensor] | None = None,
+        total_tokens: float | None = None,
     ) -> dict[str, float]:
         self._check_loaded()
         loss_cfg = self.cfg.loss
-        total_tokens = float(sum(it.response_len for it in items if it.in_loss))
+        local_tokens = float(sum(it.response_len for it in items if it.in_loss))
+        # the token-mean is over the *global* batch: a data-parallel rank passes its total
+        total_tokens = local_tokens if total_tokens is None else float(total_tokens)
         lr = lr_at(self.cfg, self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -201,7 +243,7 @@ class TorchHFBackend(TrainingBackend):
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0, "tis": 0.0, "entropy": 0.0}
         n_micro = 0
-        if total_tokens > 0:
+        if local_tokens > 0:
             for mb in micro_batches(items, self.cfg.max_tokens_per_micro_batch):
                 batch = [items[i] for i in mb]
                 if not any(it.in_loss for it in batch):
@@ -247,7 +289,8 @@ class TorchHFBackend(TrainingBackend):
                     total_tokens
                 )
         grad_norm = 0.0
-        if n_micro:
+        reduce_gradients(self.model)
+        if total_tokens > 0:
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad)
             )
@@ -262,7 +305,7 @@ class TorchHFBackend(TrainingBackend):
             **sums,
             "grad_norm": grad_norm,
             "lr": lr,
-            "train_tokens": total_tokens,
+            "train_tokens": local_tokens,
             "micro_batches": float(n_micro),
         }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
 from genrm_serve.config import GenRMConfigError, InstanceSpec, add_genrm_args, instances_from_args
 from rl_core.placement.errors import PlacementError
@@ -32,6 +32,11 @@ __all__ = [
 ]
 
 _RESOURCE_EXAMPLE = '\'{"actor": [1, 8], "rollout": [1, 4], "genrm": [1, 4]}\''
+
+
+def _default(field: str) -> Any:
+    """A placement flag's default is its LayoutRequest field's (written once, there)."""
+    return LayoutRequest.model_fields[field].get_default(call_default_factory=True)
 
 
 def add_placement_args(parser: argparse.ArgumentParser, *, genrm: bool = True) -> None:
@@ -60,22 +65,34 @@ def add_placement_args(parser: argparse.ArgumentParser, *, genrm: bool = True) -
         "--fully-async", action="store_true", help="every role on its own GPUs, in parallel"
     )
     g.add_argument(
-        "--rollout-num-gpus", type=int, default=None, help="rollout GPUs (= --resource rollout)"
+        "--rollout-num-gpus",
+        type=int,
+        default=_default("rollout_num_gpus"),
+        help="rollout GPUs (= --resource rollout)",
     )
     g.add_argument(
-        "--rollout-num-gpus-per-engine", type=int, default=1, help="GPUs per rollout engine (TP)"
+        "--rollout-num-gpus-per-engine",
+        type=int,
+        default=_default("rollout_num_gpus_per_engine"),
+        help="GPUs per rollout engine (TP)",
+    )
+    g.add_argument(
+        "--rollout-engine",
+        choices=get_args(LayoutRequest.model_fields["rollout_engine"].annotation),
+        default=_default("rollout_engine"),
+        help="rollout engine kind (auto: SGLang on a GPU machine where installed, else hf)",
     )
     g.add_argument(
         "--sglang-mem-fraction-static",
         type=float,
-        default=None,
+        default=_default("rollout_mem_fraction_static"),
         help="rollout engines' memory fraction per GPU (required in colocate-shared)",
     )
     g.add_argument(
         "--num-gpus-per-node",
         type=int,
-        default=8,
-        help="GPUs per node, for plan-time checks that an engine fits a node (default 8)",
+        default=_default("num_gpus_per_node"),
+        help="GPUs per node, for plan-time checks that an engine fits a node",
     )
     r = parser.add_argument_group("reward mode")
     r.add_argument("--rm-type", default=None, help="reward type, e.g. dapo-genrm, or dummy")
@@ -195,6 +212,7 @@ def layout_request_from_args(args: argparse.Namespace) -> LayoutRequest:
         fully_async=args.fully_async,
         rollout_num_gpus=args.rollout_num_gpus,
         rollout_num_gpus_per_engine=args.rollout_num_gpus_per_engine,
+        rollout_engine=getattr(args, "rollout_engine", _default("rollout_engine")),
         rollout_mem_fraction_static=frac,
         genrm=_instances(args, resource),
         rm_type=args.rm_type,

@@ -130,6 +130,8 @@ class LayoutRequest(_Frozen):
     fully_async: bool = False
     rollout_num_gpus: int | None = Field(default=None, gt=0)
     rollout_num_gpus_per_engine: int = Field(default=1, gt=0)
+    #: the rollout engine kind: ``auto`` = SGLang where it is installed on a GPU machine, else hf.
+    rollout_engine: Literal["auto", "hf", "sglang"] = "auto"
     rollout_mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
     genrm: dict[str, InstanceSpec] = Field(default_factory=dict)
     rm_type: str | None = None
@@ -315,6 +317,28 @@ def _resolve_genrm(req: LayoutRequest) -> int:
                 f"num_gpus_per_engine={spec.num_gpus_per_engine}"
             )
     return total
+
+
+#: Engine kinds that run in one process on one device (transformers): one GPU per engine.
+ONE_DEVICE_ENGINES = frozenset({"hf"})
+
+
+def _check_one_device_engines(req: LayoutRequest) -> None:
+    if req.rollout_engine in ONE_DEVICE_ENGINES and req.rollout_num_gpus_per_engine > 1:
+        raise PlacementError(
+            f"--rollout-num-gpus-per-engine {req.rollout_num_gpus_per_engine} with "
+            f"--rollout-engine {req.rollout_engine}: the {req.rollout_engine} engine runs on one "
+            "device, so each engine takes 1 GPU (more GPUs = more engines); use "
+            "--rollout-engine sglang for tensor-parallel engines"
+        )
+    for key, spec in req.genrm.items():
+        if spec.engine in ONE_DEVICE_ENGINES and spec.num_gpus_per_engine > 1:
+            raise PlacementError(
+                f"genrm instance {key!r}: num_gpus_per_engine={spec.num_gpus_per_engine} with "
+                f"engine={spec.engine}: the {spec.engine} engine runs on one device, so each "
+                "engine takes 1 GPU (num_gpus = the number of engines); use engine=sglang for "
+                "tensor-parallel judges"
+            )
 
 
 def _valid_colocate_layouts(actor: int, genrm: int) -> str:
@@ -583,6 +607,7 @@ def plan_layout(req: LayoutRequest) -> PlacementPlan:
             f"rollout: {rollout} GPUs is not a multiple of --rollout-num-gpus-per-engine "
             f"{per_engine} ({rollout} / {per_engine} = {rollout / per_engine:g} engines)"
         )
+    _check_one_device_engines(req)
     if req.rm_type == "dapo-genrm" and not req.genrm:
         raise PlacementError(
             "--rm-type dapo-genrm needs a judge: set --genrm-model-path (with a genrm entry in "

@@ -1,0 +1,246 @@
+"""The driver's handles on trainer ranks: fan a call out, gather the answers.
+
+``TrainGroup`` creates one :class:`~rl_core.distributed.worker.TrainWorker` actor per bundle of a
+role in the realised plan (with the plan's GPU share), joins them into one ``torch.distributed``
+group, and splits every optimizer step of a rollout across them by tokens. The GRPO driver talks
+to a :class:`Learner` — this group, or :class:`LocalLearner` over a backend in this process — and
+never knows how many ranks there are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem
+from rl_core.distributed.sharding import split_by_tokens
+from rl_core.distributed.worker import Logprobs, TrainWorker, train_shards
+
+#: Metrics every rank reports the same value of (the others are sums over ranks).
+_SAME_ON_EVERY_RANK = frozenset({"grad_norm", "lr"})
+
+
+def optimizer_steps(items: Sequence[TrainItem], size: int) -> list[list[TrainItem]]:
+    """A rollout's samples cut into global batches of ``size`` (one optimizer step each)."""
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def in_loss_tokens(items: Sequence[TrainItem]) -> float:
+    return float(sum(it.response_len for it in items if it.in_loss))
+
+
+def average(per_rank: Sequence[dict[str, float]], steps: int) -> dict[str, float]:
+    """Per-rank metric sums over ``steps`` optimizer steps → one mean per optimizer step."""
+    out: dict[str, float] = {}
+    for key in per_rank[0]:
+        if key in _SAME_ON_EVERY_RANK:
+            total = per_rank[0][key]
+        else:
+            total = sum(m.get(key, 0.0) for m in per_rank)
+        out[key] = total / steps
+    return out | {"optimizer_steps": float(steps)}
+
+
+class Learner(Protocol):
+    """What the GRPO driver needs of the policy being trained."""
+
+    async def train(
+        self,
+        items: list[TrainItem],
+        batch_size: int,
+        *,
+        old: list[torch.Tensor] | None = None,
+        ref: list[torch.Tensor] | None = None,
+    ) -> dict[str, float]: ...
+
+    async def export_weights(self) -> Any: ...
+
+    async def offload(self) -> None: ...
+
+    async def onload(self) -> None: ...
+
+    async def save(self, path: Path, extra: dict[str, Any]) -> None: ...
+
+    async def load(self, path: Path) -> dict[str, Any]: ...
+
+
+class LocalLearner:
+    """A :class:`Learner` over a backend in this process (its compute runs off the loop)."""
+
+    def __init__(self, backend: TrainingBackend) -> None:
+        self.backend = backend
+
+    async def train(
+        self,
+        items: list[TrainItem],
+        batch_size: int,
+        *,
+        old: list[torch.Tensor] | None = None,
+        ref: list[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        steps = optimizer_steps(items, batch_size)
+        tokens = [in_loss_tokens(s) for s in steps]
+        sums = await asyncio.to_thread(
+            train_shards,
+            self.backend,
+            steps,
+            tokens,
+            _per_step(old, batch_size),
+            _per_step(ref, batch_size),
+        )
+        return average([sums], len(steps))
+
+    async def export_weights(self) -> Any:
+        return await asyncio.to_thread(self.backend.export_weights)
+
+    async def offload(self) -> None:
+        await asyncio.to_thread(self.backend.offload)
+
+    async def onload(self) -> None:
+        await asyncio.to_thread(self.backend.onload)
+
+    async def save(self, path: Path, extra: dict[str, Any]) -> None:
+        await asyncio.to_thread(self.backend.save, path, extra)
+
+    async def load(self, path: Path) -> dict[str, Any]:
+        return await asyncio.to_thread(self.backend.load, path)
+
+
+def _per_step(values: list[torch.Tensor] | None, size: int) -> list[Logprobs] | None:
+    if values is None:
+        return None
+    return [values[i : i + size] for i in range(0, len(values), size)]
+
+
+_REMOTE_WORKER: Any = None
+
+
+def _remote_worker() -> Any:
+    global _REMOTE_WORKER
+    if _REMOTE_WORKER is None:
+        import ray
+
+        _REMOTE_WORKER = ray.remote(TrainWorker)
+    return _REMOTE_WORKER
+
+
+class _RayGroup:
+    """Workers of one role of the realised plan, one per bundle, in one process group."""
+
+    def __init__(
+        self,
+        realized: Any,
+        role: str,
+        model_path: str,
+        cfg: BackendConfig,
+        *,
+        device: str,
+        name_prefix: str,
+        load_reference: bool | None = None,
+    ) -> None:
+        placement = realized.plan.roles[role]
+        self.role = role
+        self.world_size = len(placement.bundles)
+        cls = _remote_worker()
+        self.workers = [
+            cls.options(
+                **realized.worker_options(role, rank), name=f"{name_prefix}{role}-{rank}"
+            ).remote(
+                role,
+                rank,
+                self.world_size,
+                model_path,
+                cfg,
+                device=device,
+                load_reference=load_reference,
+            )
+            for rank in range(self.world_size)
+        ]
+
+    async def start(self) -> list[dict[str, Any]]:
+        """Join the process group and load the model on every rank; where each rank runs."""
+        addr, port = await self.workers[0].address.remote()
+        return list(await asyncio.gather(*(w.setup.remote(addr, port) for w in self.workers)))
+
+    async def where(self) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(w.where.remote() for w in self.workers)))
+
+    async def _all(self, method: str, *args: Any) -> list[Any]:
+        return list(await asyncio.gather(*(getattr(w, method).remote(*args) for w in self.workers)))
+
+    async def shutdown(self) -> None:
+        import ray
+
+        await self._all("shutdown")
+        for w in self.workers:
+            ray.kill(w)
+
+
+class TrainGroup(_RayGroup):
+    """The ``actor`` role: data-parallel training, the driver's :class:`Learner`."""
+
+    async def train(
+        self,
+        items: list[TrainItem],
+        batch_size: int,
+        *,
+        old: list[torch.Tensor] | None = None,
+        ref: list[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        steps = optimizer_steps(items, batch_size)
+        tokens = [in_loss_tokens(s) for s in steps]
+        old_steps, ref_steps = _per_step(old, batch_size), _per_step(ref, batch_size)
+        shards = [split_by_tokens(s, self.world_size) for s in steps]
+
+        def pick(per_step: list[list[Any]] | None, rank: int) -> list[list[Any]] | None:
+            if per_step is None:
+                return None
+            return [[per_step[k][i] for i in shards[k][rank]] for k in range(len(steps))]
+
+        calls = [
+            w.train.remote(pick(steps, r), tokens, pick(old_steps, r), pick(ref_steps, r))
+            for r, w in enumerate(self.workers)
+        ]
+        return average(list(await asyncio.gather(*calls)), len(steps))
+
+    async def export_weights(self) -> Any:
+        """Rank 0's weights as an object-store reference: one copy, shared by every engine."""
+        return self.workers[0].export_weights.remote()
+
+    async def offload(self) -> None:
+        await self._all("offload")
+
+    async def onload(self) -> None:
+        await self._all("onload")
+
+    async def save(self, path: Path, extra: dict[str, Any]) -> None:
+        await self._all("save", str(path), extra)
+
+    async def load(self, path: Path) -> dict[str, Any]:
+        extras = await self._all("load", str(path))
+        return dict(extras[0])
+
+
+class ForwardGroup(_RayGroup):
+    """``reference`` or ``actor_fwd`` ranks of fully-async: log-probs only, split by tokens."""
+
+    async def logprobs(self, items: list[TrainItem], *, reference: bool = False) -> list[Any]:
+        shards = split_by_tokens(items, self.world_size)
+        parts = await asyncio.gather(
+            *(
+                w.logprobs.remote([items[i] for i in shard], reference)
+                for w, shard in zip(self.workers, shards, strict=True)
+            )
+        )
+        out: list[Any] = [None] * len(items)
+        for shard, lps in zip(shards, parts, strict=True):
+            for i, lp in zip(shard, lps, strict=True):
+                out[i] = lp
+        return out
+
+    async def load_weights(self, weights: Any) -> None:
+        await self._all("load_weights", weights)

@@ -1,0 +1,186 @@
+"""One trainer rank: a Ray actor holding a training backend, in its bundle of the plan.
+
+A worker is created per GPU of a role (``actor``, and in fully-async ``reference`` and
+``actor_fwd``), joins the role's ``torch.distributed`` group (NCCL on CUDA, gloo on CPU), and
+trains its share of each optimizer step. What a step does on a rank — old and reference log-probs
+where nobody supplied them, then one ``train_step`` per global batch — is :func:`train_shards`,
+shared with the in-process learner.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem
+
+logger = logging.getLogger(__name__)
+
+#: How long ranks wait for each other to join the process group.
+PROCESS_GROUP_TIMEOUT_S = 600.0
+
+Logprobs = list[torch.Tensor]
+
+
+def train_shards(
+    backend: TrainingBackend,
+    steps: list[list[TrainItem]],
+    step_tokens: list[float],
+    old: list[Logprobs] | None = None,
+    ref: list[Logprobs] | None = None,
+) -> dict[str, float]:
+    """One rollout's training on this rank: ``steps[k]`` is its share of optimizer step ``k``.
+
+    Old log-probs are needed only when a rollout takes several optimizer steps (the first step
+    is on-policy and takes them from its own forward); the reference's only with a loaded
+    reference model. Returns metric sums over the steps (the caller averages).
+    """
+    if old is None and len(steps) > 1:
+        old = [backend.logprobs(s) for s in steps]
+    if ref is None and getattr(backend, "ref_model", None) is not None:
+        ref = [backend.logprobs(s, reference=True) for s in steps]
+    sums: dict[str, float] = {}
+    for k, items in enumerate(steps):
+        m = backend.train_step(
+            items,
+            old_logprobs=old[k] if old is not None else None,
+            ref_logprobs=ref[k] if ref is not None else None,
+            total_tokens=step_tokens[k],
+        )
+        for key, value in m.items():
+            sums[key] = sums.get(key, 0.0) + value
+    return sums
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class TrainWorker:
+    """Rank ``rank`` of a role's group; every public method is an actor method."""
+
+    def __init__(
+        self,
+        role: str,
+        rank: int,
+        world_size: int,
+        model_path: str,
+        cfg: BackendConfig,
+        *,
+        device: str = "auto",
+        load_reference: bool | None = None,
+    ) -> None:
+        self.role, self.rank, self.world_size = role, rank, world_size
+        self.model_path, self.cfg = model_path, cfg
+        self.device = resolve_device(device)
+        self.load_reference = load_reference
+        self.backend: Any = None
+
+    # --- set-up ----------------------------------------------------------------------------------
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the process group (this node's IP, a free port)."""
+        import ray
+
+        ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ip, int(s.getsockname()[1])
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        """Join the process group, then load the model (every rank the same weights)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        if self.world_size > 1 and not dist.is_initialized():
+            if self.device == "cuda":
+                torch.cuda.set_device(0)  # Ray shows each rank its own GPU as device 0
+            dist.init_process_group(
+                backend="nccl" if self.device == "cuda" else "gloo",
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S),
+            )
+        from rl_core.backends.torch_hf import TorchHFBackend
+
+        self.backend = TorchHFBackend(
+            self.model_path, self.cfg, device=self.device, load_reference=self.load_reference
+        )
+        if self.role != "actor":
+            self.backend.model.requires_grad_(False)
+        return self.where()
+
+    def where(self) -> dict[str, Any]:
+        """Where this rank runs, as Ray and CUDA see it (for the run's layout report)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        pg = ctx.get_placement_group_id()
+        return {
+            "role": self.role,
+            "rank": self.rank,
+            "node_id": ctx.get_node_id(),
+            "pid": os.getpid(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "placement_group_id": pg,
+            "device": self.device,
+        }
+
+    # --- training --------------------------------------------------------------------------------
+
+    def train(
+        self,
+        steps: list[list[TrainItem]],
+        step_tokens: list[float],
+        old: list[Logprobs] | None = None,
+        ref: list[Logprobs] | None = None,
+    ) -> dict[str, float]:
+        return train_shards(self.backend, steps, step_tokens, old, ref)
+
+    def logprobs(self, items: list[TrainItem], reference: bool = False) -> Logprobs:
+        lps: Logprobs = self.backend.logprobs(items, reference=reference)
+        return lps
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        weights: dict[str, torch.Tensor] = self.backend.export_weights()
+        return weights
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """A forward-only rank (``actor_fwd``) follows the policy after each weight sync."""
+        own = dict(self.backend.model.named_parameters())
+        with torch.no_grad():
+            for name, value in state.items():
+                own[name].copy_(value.to(own[name].device, own[name].dtype))
+
+    def offload(self) -> None:
+        self.backend.offload()
+
+    def onload(self) -> None:
+        self.backend.onload()
+
+    def step(self) -> int:
+        return int(self.backend.step)
+
+    def save(self, path: str, extra: dict[str, Any]) -> None:
+        if self.rank == 0:  # every rank holds the same weights and optimizer state
+            self.backend.save(Path(path), extra)
+
+    def load(self, path: str) -> dict[str, Any]:
+        extra: dict[str, Any] = self.backend.load(Path(path))
+        return extra
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
