@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,9 +20,55 @@ from rl_core.placement.realize import RealizedPlacement
 
 LAYOUT_FILE = "layout.json"
 
+_INDEXED = re.compile(r"^(?P<res>GPU|CPU)_group_(?P<index>\d+)_(?P<pg>[0-9a-f]+)$")
+_WILDCARD = re.compile(r"^(?P<res>GPU|CPU)_group_(?P<pg>[0-9a-f]+)$")
+
 
 def _actor_id(handle: Any) -> str:
     return str(handle._actor_id.hex())
+
+
+def _state_api_actors() -> dict[str, Any] | None:
+    """Ray's state API view of every actor (needs the dashboard; None without one)."""
+    try:
+        from ray.util.state import list_actors
+
+        actors = list_actors(detail=True, limit=10_000, raise_on_missing_output=False)
+    except Exception:  # no dashboard on this cluster: the actors' own reports stand alone
+        return None
+    return {a.actor_id: a for a in actors}
+
+
+def _plan_entry(
+    realized: RealizedPlacement, role: str, rank: int, group: str, bundle: int, share: float
+) -> dict[str, Any]:
+    slot = realized.slot(group, bundle)
+    return {
+        "role": role,
+        "rank": rank,
+        "group": group,
+        "bundle": bundle,
+        "share": share,
+        "bundle_index": slot.bundle_index,
+        "bundle_gpu_ids": list(slot.gpu_ids),
+        "bundle_node_id": slot.node_id,
+    }
+
+
+def _bundle_requests(required: Mapping[str, float]) -> dict[str, tuple[int | None, str, float]]:
+    """Ray's ``required_resources`` of an actor in a placement group: ``GPU_group_<i>_<pg>`` →
+    ``{"GPU": (bundle i, pg id, amount)}`` (the index-free ``GPU_group_<pg>`` entry only when an
+    actor asked for any bundle)."""
+    out: dict[str, tuple[int | None, str, float]] = {}
+    for key, amount in required.items():
+        m = _INDEXED.match(key)
+        if m is not None:
+            out[m["res"]] = (int(m["index"]), m["pg"], float(amount))
+            continue
+        m = _WILDCARD.match(key)
+        if m is not None and m["res"] not in out:
+            out[m["res"]] = (None, m["pg"], float(amount))
+    return out
 
 
 async def read_layout(
@@ -30,69 +77,48 @@ async def read_layout(
     rollout_engines: Sequence[Any],
     judge_actors: Mapping[str, Sequence[Any]],
 ) -> dict[str, Any]:
-    """Every actor of the plan: what the plan expects, what Ray's state API and the actor say."""
+    """Every actor of the plan: the plan's entry, the actor's own report (its runtime context:
+    node, placement group, assigned resources, GPU ids) and Ray's state API record."""
     from ray.util.placement_group import placement_group_table
-    from ray.util.state import list_actors
 
     plan = realized.plan
-    expected: dict[str, dict[str, Any]] = {}  # actor id → its plan entry and its own report
+    entries: list[tuple[Any, dict[str, Any], Any]] = []  # (handle, plan entry, report future)
     for role, group in trainer_groups.items():
         rp = plan.roles[role]
-        for rank, (worker, where) in enumerate(
-            zip(group.workers, await group.where(), strict=True)
-        ):
-            slot = realized.slot(rp.group, rp.bundles[rank])
-            expected[_actor_id(worker)] = {
-                "role": role,
-                "rank": rank,
-                "group": rp.group,
-                "bundle": rp.bundles[rank],
-                "share": rp.gpu_fraction,
-                "bundle_gpu_ids": list(slot.gpu_ids),
-                "where": where,
-            }
+        for rank, worker in enumerate(group.workers):
+            entry = _plan_entry(realized, role, rank, rp.group, rp.bundles[rank], rp.gpu_fraction)
+            entries.append((worker, entry, worker.where.remote()))
     engines = [
         ("rollout", e.actor, p)
         for e, p in zip(rollout_engines, plan.engines_of("rollout"), strict=True)
     ]
     for key, actors in judge_actors.items():
         engines += [
-            ("genrm:" + key, a, p)
+            (f"genrm:{key}", a, p)
             for a, p in zip(actors, plan.engines_of("genrm", key), strict=True)
         ]
-    infos = await asyncio.gather(*(a.info.remote() for _, a, _ in engines))
-    for (role, actor, placement), info in zip(engines, infos, strict=True):
-        slot = realized.slot(placement.group, placement.bundles[0])
-        expected[_actor_id(actor)] = {
-            "role": role,
-            "rank": placement.index,
-            "group": placement.group,
-            "bundle": placement.bundles[0],
-            "share": placement.gpu_fraction,
-            "bundle_gpu_ids": list(slot.gpu_ids),
-            "where": {
-                "node_id": None,
-                "gpu_ids": [str(g) for g in info.get("gpu_ids", [])],
-                "cuda_visible_devices": info.get("cuda_visible_devices"),
-                "placement_group_id": info.get("placement_group_id"),
-            },
-        }
-    state = await asyncio.to_thread(
-        list_actors, detail=True, limit=10_000, raise_on_missing_output=False
-    )
-    by_id = {a.actor_id: a for a in state}
+    for role, actor, p in engines:
+        entry = _plan_entry(realized, role, p.index, p.group, p.bundles[0], p.gpu_fraction)
+        entries.append((actor, entry, actor.info.remote()))
+    reports = await asyncio.gather(*(f for _, _, f in entries))
+    state = await asyncio.to_thread(_state_api_actors)
     actors = []
-    for actor_id, entry in expected.items():
-        seen = by_id.get(actor_id)
+    for (handle, entry, _), report in zip(entries, reports, strict=True):
+        actor_id = _actor_id(handle)
+        seen = state.get(actor_id) if state is not None else None
         actors.append(
             {
                 **entry,
                 "actor_id": actor_id,
+                "node_id": report.get("node_id"),
+                "placement_group_id": report.get("placement_group_id"),
+                "assigned_resources": report.get("assigned_resources", {}),
+                "gpu_ids": [str(g) for g in report.get("gpu_ids", [])],
+                "cuda_visible_devices": report.get("cuda_visible_devices"),
+                "state": getattr(seen, "state", None) if state is not None else "ALIVE",
                 "name": getattr(seen, "name", None),
-                "state": getattr(seen, "state", "MISSING"),
-                "node_id": getattr(seen, "node_id", None),
-                "placement_group_id": getattr(seen, "placement_group_id", None),
                 "required_resources": dict(getattr(seen, "required_resources", None) or {}),
+                "state_api_placement_group_id": getattr(seen, "placement_group_id", None),
             }
         )
     groups = {
@@ -111,10 +137,19 @@ async def read_layout(
         }
         for name, pg in realized.placement_groups.items()
     }
-    pending = [a.actor_id for a in state if a.state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY")]
+    pending = (
+        [
+            a.actor_id
+            for a in state.values()
+            if a.state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
+        ]
+        if state is not None
+        else []
+    )
     return {
         "mode": plan.mode,
         "use_gpus": realized.use_gpus,
+        "state_api": state is not None,
         "placement_groups": groups,
         "actors": actors,
         "pending_actors": pending,
@@ -141,25 +176,43 @@ def layout_problems(layout: Mapping[str, Any]) -> list[str]:
         who = f"{a['role']}[{a['rank']}]"
         if a["state"] != "ALIVE":
             problems.append(f"{who} is {a['state']}")
-        if pg_ids.get(a["placement_group_id"]) != a["group"]:
+        for key in ("placement_group_id", "state_api_placement_group_id"):
+            pg = a.get(key)
+            if (pg is not None or key == "placement_group_id") and pg_ids.get(pg) != a["group"]:
+                problems.append(f"{who}: {key} {pg}, the plan says group {a['group']}")
+        if a["node_id"] != a["bundle_node_id"]:
             problems.append(
-                f"{who} is in placement group {a['placement_group_id']}, the plan says {a['group']}"
+                f"{who} runs on node {a['node_id']}, its bundle is on {a['bundle_node_id']}"
             )
-        gpu = float(a["required_resources"].get("GPU", 0.0))
+        gpu = float(a["assigned_resources"].get("GPU", 0.0))
         if layout["use_gpus"]:
             if abs(gpu - a["share"]) > 1e-9:
                 problems.append(
-                    f"{who} asked Ray for {gpu:g} GPU, the plan's share is {a['share']:g}"
+                    f"{who} was assigned {gpu:g} GPU, the plan's share is {a['share']:g}"
                 )
-            seen = a["where"]["gpu_ids"]
-            if seen != a["bundle_gpu_ids"]:
+            if layout.get("state_api"):
+                bundle, pg, asked = _bundle_requests(a["required_resources"]).get(
+                    "GPU", (None, "", 0.0)
+                )
+                group_id = layout["placement_groups"][a["group"]]["id"]
+                if (bundle, pg) != (a["bundle_index"], group_id):
+                    problems.append(
+                        f"{who} asked Ray for bundle {bundle} of placement group {pg}, the plan "
+                        f"says bundle {a['bundle_index']} of {a['group']} ({group_id})"
+                    )
+                if abs(asked - a["share"]) > 1e-9:
+                    problems.append(
+                        f"{who} asked Ray for {asked:g} GPU, the plan's share is {a['share']:g}"
+                    )
+            if a["gpu_ids"] != a["bundle_gpu_ids"]:
                 problems.append(
-                    f"{who} got GPU {seen}, its bundle {a['bundle']} is GPU {a['bundle_gpu_ids']}"
+                    f"{who} got GPU {a['gpu_ids']}, its bundle {a['bundle']} is GPU "
+                    f"{a['bundle_gpu_ids']}"
                 )
-            for g in seen:
+            for g in a["gpu_ids"]:
                 held[(str(a["node_id"]), g)].append((who, gpu))
         elif gpu:
-            problems.append(f"{who} asked Ray for {gpu:g} GPU on a cluster without GPUs")
+            problems.append(f"{who} was assigned {gpu:g} GPU on a cluster without GPUs")
     for (node, gpu_id), holders in held.items():
         total = sum(share for _, share in holders)
         if total > 1.0 + 1e-9 or (len(holders) > 1 and any(share >= 1.0 for _, share in holders)):

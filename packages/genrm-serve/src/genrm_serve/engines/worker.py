@@ -203,14 +203,18 @@ class EngineWorker:
     def info(self) -> dict[str, Any]:
         """Who and where this engine is (placement checks, routing tests)."""
         gpu_ids: list[Any] = []
-        node_ip = pg_id = None
+        node_ip = node_id = pg_id = None
+        assigned: dict[str, float] = {}
         with contextlib.suppress(Exception):
             import ray
 
             if ray.is_initialized():
+                ctx = ray.get_runtime_context()
                 gpu_ids = list(ray.get_gpu_ids())
                 node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-                pg_id = ray.get_runtime_context().get_placement_group_id()
+                node_id = ctx.get_node_id()
+                pg_id = ctx.get_placement_group_id()
+                assigned = dict(ctx.get_assigned_resources())  # type: ignore[no-untyped-call]
         return {
             "engine_id": self.engine_id,
             "engine_index": self.engine_index,
@@ -220,6 +224,8 @@ class EngineWorker:
             "state": self.engine.state if self.engine is not None else "created",
             "pid": os.getpid(),
             "node_ip": node_ip,
+            "node_id": node_id,
+            "assigned_resources": assigned,
             "gpu_ids": gpu_ids,
             "placement_group_id": pg_id,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

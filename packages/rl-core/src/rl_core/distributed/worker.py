@@ -133,6 +133,7 @@ class TrainWorker:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "placement_group_id": pg,
+            "assigned_resources": dict(ctx.get_assigned_resources()),  # type: ignore[no-untyped-call]
             "device": self.device,
         }
 
