@@ -22,6 +22,7 @@ from genrm_serve.config import InstanceSpec
 from genrm_serve.engines.base import (
     Engine,
     EngineAsleepError,
+    EngineBatchError,
     EngineError,
     EngineOutput,
     EngineRequest,
@@ -330,6 +331,15 @@ class EngineWorker:
         engine = self._engine()
         try:
             outputs = await engine.generate([p.request for p in batch])
+        except EngineBatchError as err:
+            # Per-request failures (the engine ran the others): each request gets its own entry.
+            self._count_batch(len(batch))
+            for p, entry in zip(batch, err.results, strict=True):
+                if isinstance(entry, BaseException):
+                    self._settle(p, entry)
+                else:
+                    self._deliver(engine, p, entry, len(batch))
+            return
         except PromptTooLongError as err:
             if len(batch) == 1:
                 self._settle(batch[0], err)
@@ -355,19 +365,24 @@ class EngineWorker:
             for p in batch:
                 self._settle(p, mismatch)
             return
-        self._counters["batches"] += 1
-        self._counters["batched_requests"] += len(batch)
-        self._counters["max_batch"] = max(self._counters["max_batch"], len(batch))
-        now = time.monotonic()
+        self._count_batch(len(batch))
         for p, out in zip(batch, outputs, strict=True):
-            out.latency_s = now - p.enqueued
-            out.weight_version = engine.weight_version
-            out.extra.setdefault("engine_id", self.engine_id)
-            out.extra.setdefault("route_key", self.spec.route_key)
-            out.extra["batch_size"] = len(batch)
-            self._counters["prompt_tokens"] += out.prompt_tokens
-            self._counters["completion_tokens"] += out.completion_tokens
-            self._settle(p, out)
+            self._deliver(engine, p, out, len(batch))
+
+    def _count_batch(self, size: int) -> None:
+        self._counters["batches"] += 1
+        self._counters["batched_requests"] += size
+        self._counters["max_batch"] = max(self._counters["max_batch"], size)
+
+    def _deliver(self, engine: Engine, pending: _Pending, out: EngineOutput, batch: int) -> None:
+        out.latency_s = time.monotonic() - pending.enqueued
+        out.weight_version = engine.weight_version
+        out.extra.setdefault("engine_id", self.engine_id)
+        out.extra.setdefault("route_key", self.spec.route_key)
+        out.extra["batch_size"] = batch
+        self._counters["prompt_tokens"] += out.prompt_tokens
+        self._counters["completion_tokens"] += out.completion_tokens
+        self._settle(pending, out)
 
     def _settle(self, pending: _Pending, result: EngineOutput | BaseException) -> None:
         if pending.future.done():
@@ -442,5 +457,9 @@ def create_engine_worker(
         )
     elif bundle_index is not None:
         raise EngineError("create_engine_worker: bundle_index given without placement_group")
+    from genrm_serve.engines.sglang import engine_actor_options
+
+    # The SGLang engine's environment (its own interpreter, every GPU of the node visible).
+    options.update(engine_actor_options(spec, num_gpus=num_gpus))
     cls = _remote_worker_class()
     return cls.options(**options).remote(spec, engine_index, **(worker_kwargs or {}))
