@@ -85,9 +85,7 @@ def test_engine_kwargs(per_engine: int, engine_config: dict[str, object], expect
         pytest.param(
             4, {"dp_size": 2}, "dp_size=2 needs enable_dp_attention=true", id="dp-without-dpa"
         ),
-        pytest.param(
-            4, {"enable_dp_attention": True}, "needs dp_size > 1", id="dpa-without-dp"
-        ),
+        pytest.param(4, {"enable_dp_attention": True}, "needs dp_size > 1", id="dpa-without-dp"),
         pytest.param(2, {"ep_size": 4}, "ep_size=4 must divide", id="ep-too-large"),
     ],
 )

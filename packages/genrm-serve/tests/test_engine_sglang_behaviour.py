@@ -63,6 +63,7 @@ def _spec(model_dir: Path | str = "/m", per_engine: int = 1, **engine_config: An
 
 def _req(n_tokens: int, first: int = 10, **sampling: Any) -> EngineRequest:
     """A request of exactly ``n_tokens`` prompt tokens (ids inside the tiny vocabulary)."""
+    sampling.setdefault("max_response_len", 4)
     return EngineRequest(
         sampling=SamplingParams(**sampling).merged_over(DEFAULT_SAMPLING),
         prompt_token_ids=[first + i % 50 for i in range(n_tokens)],
@@ -81,11 +82,12 @@ async def start(tiny_dir: Path) -> AsyncIterator[Any]:
     async def make(
         per_engine: int = 1, placement: SGLangPlacement | None = None, **engine_config: Any
     ) -> Started:
+        where = {"placement": placement} if placement is not None else {}
         engine = SGLangEngine(
             _spec(tiny_dir, per_engine, **engine_config),
             "judge/0",
             engine_cls=FakeSGLangEngine,
-            placement=placement,
+            **where,
         )
         engines.append(engine)
         await engine.start()
@@ -168,7 +170,7 @@ async def test_limits_come_from_the_running_sglang(start: Any) -> None:
 
 
 async def test_one_over_long_prompt_does_not_fail_its_batch(start: Any) -> None:
-    engine, fake = await start()
+    engine, _fake = await start()
     with pytest.raises(EngineBatchError) as info:
         await engine.generate([_req(10), _req(CONTEXT - 4), _req(20)])
     first, long, last = info.value.results
@@ -197,7 +199,7 @@ async def test_the_worker_answers_413_for_one_and_serves_the_others(tiny_dir: Pa
 
 # -- 4. any per-request SGLang error stays with its request --------------------------------------
 async def test_a_request_sglang_refuses_fails_alone(start: Any) -> None:
-    engine, fake = await start()
+    engine, _fake = await start()
     bad = _req(6, first=100_000)  # token ids beyond the vocabulary: SGLang raises ValueError
     with pytest.raises(EngineBatchError) as info:
         await engine.generate([_req(8), bad, _req(9)])
@@ -233,7 +235,7 @@ async def test_seed_is_honoured_with_deterministic_inference(start: Any) -> None
 # -- 6. top_k <= 0 means off: sent as -1 ---------------------------------------------------------
 async def test_top_k_zero_is_off(start: Any) -> None:
     assert sglang_sampling_params(SamplingParams(top_k=0, temperature=1.0), 4)["top_k"] == -1
-    engine, fake = await start()
+    engine, _fake = await start()
     out = await engine.generate([_req(8, temperature=0.8, top_k=0)])
     assert out[0].completion_tokens > 0
 
@@ -273,8 +275,8 @@ async def test_a_two_gpu_engine_drives_its_bundles_gpus(
     start: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
-    monkeypatch.setattr(sglang_mod, "_assigned_gpus", lambda: ([6], 0.5))  # its first bundle
-    engine, fake = await start(per_engine=2, mem_fraction_static=0.4)
+    monkeypatch.setattr(sglang_mod, "_assigned_gpus", lambda: [6])  # its first bundle
+    _engine, fake = await start(per_engine=2, mem_fraction_static=0.4)
     assert (fake.server_args["base_gpu_id"], fake.server_args["gpu_id_step"]) == (6, 1)
     assert fake.devices == [6, 7] and fake.server_args["tp_size"] == 2
 
@@ -320,12 +322,8 @@ def test_create_engine_worker_gives_sglang_actors_all_gpus(monkeypatch: pytest.M
 
 def test_python_executable_applies_to_any_engine_and_env_only_to_sglang() -> None:
     hf = _spec(python_executable="/envs/x/bin/python").model_copy(update={"engine": "hf"})
-    assert engine_actor_options(hf, num_gpus=1.0) == {
-        "runtime_env": {"py_executable": "/envs/x/bin/python"}
-    }
-    assert engine_actor_options(_spec(), num_gpus=1.0) == {
-        "runtime_env": {"env_vars": dict(ENGINE_ENV)}
-    }
+    assert engine_actor_options(hf) == {"runtime_env": {"py_executable": "/envs/x/bin/python"}}
+    assert engine_actor_options(_spec()) == {"runtime_env": {"env_vars": dict(ENGINE_ENV)}}
 
 
 # -- 8. health probes generation; a dead SGLang child is reported, not a silent death ------------
@@ -416,8 +414,9 @@ async def test_concurrent_batches_reach_sglang_together(start: Any) -> None:
     fake.gate = asyncio.Event()
     first = asyncio.ensure_future(engine.generate([_req(5), _req(6), _req(7)]))
     second = asyncio.ensure_future(engine.generate([_req(8), _req(9)]))
-    deadline = time.monotonic() + 10
-    while fake.in_flight < 5 and time.monotonic() < deadline:
+    for _ in range(500):  # up to 10 s for the requests to reach SGLang
+        if fake.in_flight >= 5:
+            break
         await asyncio.sleep(0.02)
     seen = fake.in_flight
     fake.loop.call_soon_threadsafe(fake.gate.set)
@@ -442,24 +441,22 @@ async def test_sleep_releases_cuda_graph_memory(
 
 # -- 12. mem_fraction_static passed; a shared GPU without it refused ------------------------------
 async def test_mem_fraction_static_reaches_sglang(start: Any) -> None:
-    engine, fake = await start(mem_fraction_static=0.35)
+    _engine, fake = await start(mem_fraction_static=0.35)
     assert fake.server_args["mem_fraction_static"] == 0.35
 
 
-def test_a_shared_gpu_without_mem_fraction_is_refused_before_the_actor() -> None:
-    with pytest.raises(EngineError, match="mem_fraction_static is not set"):
-        engine_actor_options(_spec(), num_gpus=0.2)
-    assert engine_actor_options(_spec(mem_fraction_static=0.3), num_gpus=0.2)
-
-
-async def test_a_shared_gpu_without_mem_fraction_is_refused_at_start(
-    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_shared_gpu_without_mem_fraction_is_refused_before_the_actor(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sglang_mod, "_assigned_gpus", lambda: ([0], 0.2))
-    engine = SGLangEngine(_spec(tiny_dir), "judge/0", engine_cls=FakeSGLangEngine)
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(worker_mod, "_cluster_has_gpus", lambda: True)
+    monkeypatch.setattr(worker_mod, "_remote_worker_class", lambda: pytest.fail("created"))
     with pytest.raises(EngineError, match="mem_fraction_static is not set"):
-        await engine.start()
-    assert engine.sgl is None  # refused before SGLang could take the GPU
+        create_engine_worker(_spec(), 0, num_gpus=0.2, shared_gpu=True)
+    assert engine_actor_options(_spec(mem_fraction_static=0.3), shared_gpu=True)
+    assert engine_actor_options(_spec(), shared_gpu=False)  # split layouts: SGLang's default
 
 
 # -- 13. dp_size maps to SGLang's dp-attention only when asked ------------------------------------

@@ -44,6 +44,8 @@ Behaviours taken from SGLang's source (each is a test in ``tests/test_engine_sgl
   main thread. We install one (main thread: marks the engine failed; elsewhere, e.g. a Ray async
   actor where ``signal.signal`` refuses, SIGQUIT is ignored) and watch the children: a dead one
   marks the engine failed and fails its requests with the exit code.
+- ``mem_fraction_static`` is passed as given; ``create_engine_worker(..., shared_gpu=True)``
+  refuses an SGLang engine without it (the layout's owner says whether GPUs are shared).
 - ``configure_logger`` calls ``logging.basicConfig(force=True)`` (``utils``): the root
   logger's handlers and level are put back after start.
 - Health probes a one-token generation under ``HEALTH_PROBE_TIMEOUT_S`` (a hung scheduler is
@@ -283,13 +285,14 @@ def device_kwargs(
     return {**out, "base_gpu_id": ids[0], "gpu_id_step": step}
 
 
-def engine_actor_options(spec: InstanceSpec, *, num_gpus: float | None) -> dict[str, Any]:
+def engine_actor_options(spec: InstanceSpec, *, shared_gpu: bool = False) -> dict[str, Any]:
     """Ray actor options an engine of ``spec`` needs (``create_engine_worker`` merges them).
 
     ``python_executable`` → ``runtime_env.py_executable`` (any engine kind); an explicit
-    ``sglang`` engine also gets :data:`ENGINE_ENV`. A shared GPU (a fractional ``num_gpus``)
-    without ``mem_fraction_static`` is refused here, before the actor exists: SGLang would take
-    most of the GPU from the roles beside it.
+    ``sglang`` engine also gets :data:`ENGINE_ENV`. ``shared_gpu`` (the caller's layout puts
+    another inference engine's memory on the same GPUs) without ``mem_fraction_static`` is
+    refused here, before the actor exists: SGLang would take most of the GPU. A fractional Ray
+    ``num_gpus`` alone says nothing (colocated roles all ask fractions as scheduling tokens).
     """
     cfg = spec.engine_config
     runtime_env: dict[str, Any] = {}
@@ -297,12 +300,12 @@ def engine_actor_options(spec: InstanceSpec, *, num_gpus: float | None) -> dict[
         runtime_env["py_executable"] = cfg.python_executable
     if spec.engine == "sglang":
         runtime_env["env_vars"] = dict(ENGINE_ENV)
-        if num_gpus is not None and 0 < num_gpus < 1 and cfg.mem_fraction_static is None:
-            raise EngineError(
-                f"{_where(spec)}: shares its GPU (num_gpus={num_gpus}) but "
-                "engine_config.mem_fraction_static is not set; set it (the shares of one GPU "
-                "must sum to at most 0.9)"
-            )
+    if spec.engine == "sglang" and shared_gpu and cfg.mem_fraction_static is None:
+        raise EngineError(
+            f"{_where(spec)}: shares its GPUs with another engine but "
+            "engine_config.mem_fraction_static is not set; set it (the fractions on one GPU "
+            "must sum to at most 0.9)"
+        )
     return {"runtime_env": runtime_env} if runtime_env else {}
 
 
@@ -364,17 +367,14 @@ def _ignore_sigquit_process_wide() -> None:
     libc.signal(int(signal.SIGQUIT), 1)  # SIG_IGN == 1 on Linux
 
 
-def _assigned_gpus() -> tuple[list[int], float]:
-    """GPU ids Ray gave this actor and its GPU share (none outside Ray)."""
+def _assigned_gpus() -> list[int]:
+    """GPU ids Ray gave this actor (none outside Ray)."""
     with contextlib.suppress(Exception):
         import ray
 
         if ray.is_initialized():
-            ids = [int(g) for g in ray.get_gpu_ids()]
-            ctx = ray.get_runtime_context()
-            share = float(ctx.get_assigned_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call]
-            return ids, share
-    return [], 0.0
+            return [int(g) for g in ray.get_gpu_ids()]
+    return []
 
 
 class _EngineThread:
@@ -489,12 +489,7 @@ class SGLangEngine(Engine):
 
         engine_cls = self._engine_cls or import_sglang_engine()
         cfg = self.spec.engine_config
-        ids, share = _assigned_gpus()
-        if 0 < share < 1 and cfg.mem_fraction_static is None:
-            raise EngineError(
-                f"{_where(self.spec)}: engine {self.engine_id} shares its GPU (share {share}) but "
-                "engine_config.mem_fraction_static is not set; SGLang would take most of the GPU"
-            )
+        ids = _assigned_gpus()
         model_dir = resolve_model_path(self.spec.model_path)
         args = sglang_engine_kwargs(self.spec, model_path=str(model_dir))
         gpus_on_node = self.spec.num_gpus_per_engine // (

@@ -426,12 +426,15 @@ def create_engine_worker(
     namespace: str | None = None,
     max_restarts: int = 0,
     worker_kwargs: dict[str, Any] | None = None,
+    shared_gpu: bool = False,
 ) -> Any:
     """Create (not start) the Ray actor for engine ``engine_index`` of ``spec``.
 
     Call ``await handle.start.remote()`` next. GPUs: ``spec.num_gpus_per_engine`` when the cluster
     has GPUs (logical ones count), else 0; pass ``num_gpus`` to share a bundle (e.g. 0.2 for a
     colocated judge). With ``placement_group`` the actor goes into ``bundle_index`` of it.
+    ``shared_gpu``: another inference engine's memory lives on the same GPUs (the shared
+    layout); an SGLang engine then needs ``engine_config.mem_fraction_static``.
     """
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -460,6 +463,6 @@ def create_engine_worker(
     from genrm_serve.engines.sglang import engine_actor_options
 
     # The SGLang engine's environment (its own interpreter, every GPU of the node visible).
-    options.update(engine_actor_options(spec, num_gpus=num_gpus))
+    options.update(engine_actor_options(spec, shared_gpu=shared_gpu))
     cls = _remote_worker_class()
     return cls.options(**options).remote(spec, engine_index, **(worker_kwargs or {}))
