@@ -119,14 +119,17 @@ async def test_the_fake_loses_weights_on_resume_without_cpu_backup(tiny_dir: Pat
     assert before != after  # fresh pages after resume: only buffers are restored
 
 
-async def test_sleep_wake_keeps_the_judges_weights(start: Any) -> None:
+async def test_sleep_wake_keeps_the_judges_weights(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FakeSGLangEngine, "step_s", 0.0)  # weights only (flush: item 2)
     engine, fake = await start()
     before = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
     await engine.sleep()
     await engine.wake()
     after = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
-    assert fake.server_args["enable_weights_cpu_backup"] is True
     assert after == before and fake.weights_valid
+    assert fake.server_args["enable_weights_cpu_backup"] is True
 
 
 # -- 2. flush_cache retried until it succeeds, under a deadline ----------------------------------
@@ -324,6 +327,23 @@ def test_python_executable_applies_to_any_engine_and_env_only_to_sglang() -> Non
     hf = _spec(python_executable="/envs/x/bin/python").model_copy(update={"engine": "hf"})
     assert engine_actor_options(hf) == {"runtime_env": {"py_executable": "/envs/x/bin/python"}}
     assert engine_actor_options(_spec()) == {"runtime_env": {"env_vars": dict(ENGINE_ENV)}}
+
+
+@pytest.mark.slow
+def test_ray_starts_an_sglang_engine_actor_with_its_options(tiny_dir: Path) -> None:
+    from genrm_serve.testing import ray_test_env
+
+    ray_test_env()
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:  # py_executable and env_vars are runtime_env keys this Ray accepts
+        spec = _spec(tiny_dir, python_executable=sys.executable)
+        handle = create_engine_worker(spec, 0, num_cpus=0.1)
+        info = ray.get(handle.info.remote(), timeout=180)
+        assert info["engine_id"] == "judge/0" and info["pid"] != os.getpid()
+    finally:
+        ray.shutdown()
 
 
 # -- 8. health probes generation; a dead SGLang child is reported, not a silent death ------------

@@ -9,6 +9,9 @@ as its tiny policy.
 The tokenizer is a byte-level BPE trained on a small in-code corpus (any string round-trips), with
 a chat template in the style of recent instruction models, including ``enable_thinking``.
 
+``FakeSGLangEngine`` stands in for ``sglang.Engine`` (which needs a GPU) and models the behaviours
+of SGLang's source that the SGLang engine must handle.
+
 It also holds the one "local Ray + Serve on a free loopback port" helper that every package's
 tests use: several test sessions share one machine, so a fixed port (8000) or a plain
 ``ray.init()`` (which may join a stale cluster) would make them collide.
