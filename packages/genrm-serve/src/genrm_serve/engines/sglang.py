@@ -12,7 +12,8 @@ Threading. ``sgl.Engine.__init__`` adopts the running event loop of its thread o
 ``async_generate`` must run on that same loop (``managers/tokenizer_manager.py`` binds its
 response loop to it). So one private thread owns the engine and its loop: the loop runs forever
 and takes every ``async_generate`` concurrently, so SGLang's continuous batching sees every
-request in flight (not one synchronous batch at a time); a sync control call (flush, release,
+request in flight (not one synchronous batch at a time; the worker in front still sends one batch
+of up to ``max_batch_size`` at a time); a sync control call (flush, release,
 resume, weight updates, server info) stops the loop, runs on the thread, then the loop resumes.
 
 Behaviours taken from SGLang's source (each is a test in ``tests/test_engine_sglang*.py``):
