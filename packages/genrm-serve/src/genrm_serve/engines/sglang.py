@@ -40,11 +40,13 @@ Behaviours taken from SGLang's source (each is a test in ``tests/test_engine_sgl
 - Multi-GPU engines: ``base_gpu_id`` / ``gpu_id_step`` from the GPUs Ray gave the actor, which
   sees every GPU of its node (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``, as slime does);
   ``nnodes`` / ``node_rank`` / ``dist_init_addr`` from an explicit :class:`SGLangPlacement`.
-- A failing SGLang child sends SIGQUIT to its parent (``scheduler.py: run_scheduler_process``),
-  whose default action kills the actor silently; SGLang installs its own handler only on the
-  main thread. We install one (main thread: marks the engine failed; elsewhere, e.g. a Ray async
-  actor where ``signal.signal`` refuses, SIGQUIT is ignored) and watch the children: a dead one
-  marks the engine failed and fails its requests with the exit code.
+- A failing SGLang child sends SIGQUIT to its parent (``scheduler.py: run_scheduler_process``;
+  a hung forward does too, ``utils/watchdog.py: ProcessWatchdog``; and SGLang's
+  ``SubprocessWatchdog`` SIGQUITs this process when a child dies), whose default action kills the
+  actor silently; SGLang installs its own handler only on the main thread. We install one (main
+  thread: marks the engine failed; elsewhere, e.g. a Ray async actor where ``signal.signal``
+  refuses, SIGQUIT is ignored) and watch the children: a dead one marks the engine failed and
+  fails its requests with the exit code; a hung one fails the health probe.
 - ``mem_fraction_static`` is passed as given; ``create_engine_worker(..., shared_gpu=True)``
   refuses an SGLang engine without it (the layout's owner says whether GPUs are shared).
 - ``configure_logger`` calls ``logging.basicConfig(force=True)`` (``utils``): the root
