@@ -70,6 +70,15 @@ class EngineConfig(BaseModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     #: Where the engine runs; "auto" = CUDA when the engine's actor was given a GPU.
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    #: sglang: data-parallel *attention* inside one engine's GPUs (needs dp_size > 1). Replicas
+    #: of a judge are separate engines (num_gpus / num_gpus_per_engine), never SGLang's own DP.
+    enable_dp_attention: bool = False
+    #: sglang: batch-invariant kernels (``enable_deterministic_inference``); the only mode in
+    #: which SGLang honours a request's ``seed``. Slower, and limited to some attention backends.
+    deterministic_inference: bool = False
+    #: Python interpreter of the engine actors (Ray ``runtime_env.py_executable``): an SGLang
+    #: environment beside the driver's, since SGLang pins its own torch. None = the driver's.
+    python_executable: str | None = Field(default=None, min_length=1)
 
 
 class InstanceSpec(BaseModel):

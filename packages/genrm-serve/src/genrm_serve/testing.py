@@ -9,6 +9,9 @@ as its tiny policy.
 The tokenizer is a byte-level BPE trained on a small in-code corpus (any string round-trips), with
 a chat template in the style of recent instruction models, including ``enable_thinking``.
 
+``FakeSGLangEngine`` stands in for ``sglang.Engine`` (which needs a GPU) and models the behaviours
+of SGLang's source that the SGLang engine must handle.
+
 It also holds the one "local Ray + Serve on a free loopback port" helper that every package's
 tests use: several test sessions share one machine, so a fixed port (8000) or a plain
 ``ray.init()`` (which may join a stale cluster) would make them collide.
@@ -17,6 +20,7 @@ tests use: several test sessions share one machine, so a fixed port (8000) or a 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -169,17 +173,33 @@ def build_tiny_model(
     return out
 
 
-class FakeSGLangEngine:
-    """A *fake* of ``sglang.Engine`` (SGLang needs a GPU): same constructor and methods.
+def _fake_scheduler_process() -> None:
+    """The fake's stand-in for SGLang's scheduler child: sleeps until killed."""
+    import time
 
-    It answers deterministic tokens derived from the prompt, and enforces what the real engine
-    requires of its caller: no generate or weight update while the weights are released, known
-    server arguments only. ``calls`` records every method called, in order, so tests can check
-    the lifecycle (e.g. flush before release). Inject it with
-    ``SGLangEngine(spec, id, engine_cls=FakeSGLangEngine)``.
+    time.sleep(3600)
+
+
+class FakeFlushCacheReqOutput:
+    """``managers/io_struct.py: FlushCacheReqOutput`` (``success``)."""
+
+    def __init__(self, success: bool) -> None:
+        self.success = success
+
+
+class FakeSGLangEngine:
+    """A *fake* of ``sglang.Engine`` (SGLang needs a GPU): the same constructor and methods, and
+    the behaviours of SGLang's source that a caller must cope with. Each is marked ``SGLang:``
+    with the file and function it follows (paths under ``python/sglang/srt``).
+
+    Knobs for tests: ``visible_gpus`` (GPUs of the fake node), ``max_total_num_tokens`` (KV pool),
+    ``gate`` (an ``asyncio.Event`` on the engine's loop that requests wait on, to hold them in
+    flight), ``hang`` (requests never finish: a hung scheduler), :meth:`crash_scheduler`.
+    ``calls`` records every method called, in order; ``max_in_flight`` the most requests that
+    were in flight together.
     """
 
-    #: Server arguments the fake accepts (those ``sglang_engine_kwargs`` may produce).
+    #: Server arguments the fake accepts (``server_args.py: ServerArgs`` fields we use).
     KNOWN_ARGS = frozenset(
         {
             "model_path",
@@ -189,58 +209,198 @@ class FakeSGLangEngine:
             "ep_size",
             "context_length",
             "enable_memory_saver",
+            "enable_weights_cpu_backup",
             "enable_dp_attention",
+            "enable_deterministic_inference",
             "mem_fraction_static",
             "dtype",
             "random_seed",
             "log_level",
+            "base_gpu_id",
+            "gpu_id_step",
+            "nnodes",
+            "node_rank",
+            "dist_init_addr",
         }
     )
+    visible_gpus = 8
+    max_total_num_tokens = 1 << 20
+    #: One scheduler step (seconds).
+    step_s = 0.05
 
-    def __init__(self, **server_args: object) -> None:
+    def __init__(self, **server_args: Any) -> None:
+        import asyncio
+        import logging
+        import multiprocessing
+        import os
+
+        # SGLang: server_args.py ServerArgs(**kwargs) rejects unknown fields.
         unknown = sorted(set(server_args) - self.KNOWN_ARGS)
         if unknown:
             raise TypeError(f"FakeSGLangEngine: unknown server argument(s) {unknown}")
         if "model_path" not in server_args:
             raise TypeError("FakeSGLangEngine: model_path is required")
+        # SGLang: entrypoints/engine.py Engine.__init__ -- log_level defaults to "error".
+        args: dict[str, Any] = {"log_level": "error", "base_gpu_id": 0, "gpu_id_step": 1}
+        args.update(nnodes=1, node_rank=0, dist_init_addr=None, dp_size=1, pp_size=1)
+        args.update(server_args)
+        self.server_args = dict(server_args)
+        self.resolved = args
+        self.calls: list[str] = ["__init__"]
+        # SGLang: utils configure_logger (from engine.py _launch_subprocesses) --
+        # logging.basicConfig(..., force=True) replaces the root logger's handlers.
+        logging.basicConfig(level=getattr(logging, str(args["log_level"]).upper()), force=True)
+        # SGLang: engine.py _launch_scheduler_processes -- one scheduler per local TP rank on
+        # GPU base_gpu_id + (tp_rank % tp_per_node) * gpu_id_step; a bad id fails in CUDA.
+        tp_per_node = int(args.get("tp_size", 1)) // int(args["nnodes"])
+        self.devices = [
+            int(args["base_gpu_id"]) + i * int(args["gpu_id_step"]) for i in range(tp_per_node)
+        ]
+        bad = [d for d in self.devices if not 0 <= d < self.visible_gpus]
+        if bad:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {bad[0]}")
+        # SGLang: engine.py _launch_subprocesses -- a node_rank >= 1 blocks until its
+        # schedulers exit unless SGLANG_BLOCK_NONZERO_RANK_CHILDREN=0 (the fake refuses to hang).
+        if (
+            int(args["node_rank"]) >= 1
+            and os.environ.get("SGLANG_BLOCK_NONZERO_RANK_CHILDREN") != "0"
+        ):
+            raise RuntimeError("FakeSGLangEngine: node_rank >= 1 would block here forever")
+        # SGLang: scheduler.py -- max_req_len = min(context_len - 1, max_total_num_tokens - 1),
+        # max_req_input_len = max_req_len - 5 (sent back as scheduler info).
         from transformers import AutoTokenizer
 
-        self.server_args = dict(server_args)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(server_args["model_path"]))
-        self.released: set[str] = set()
-        self.calls: list[str] = ["__init__"]
+        self.tokenizer = AutoTokenizer.from_pretrained(str(args["model_path"]))
+        self.context_len = int(args.get("context_length") or 4096)
+        self.max_req_input_len = min(self.context_len - 1, self.max_total_num_tokens - 1) - 5
+        # SGLang: model_runner / torch_memory_saver_adapter -- CUDA graphs are captured inside
+        # the memory saver's "cuda_graph" region only with SGLANG_MEMORY_SAVER_CUDA_GRAPH=true;
+        # otherwise releasing that tag frees nothing.
+        self.graphs_releasable = os.environ.get("SGLANG_MEMORY_SAVER_CUDA_GRAPH") == "true"
+        self.gpu_memory = {"weights": 100, "kv_cache": 300, "cuda_graph": 20}
+        self.offload_tags: set[str] = set()
+        self.weights_valid = True
         self.weight_names: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._running_until = 0.0
+        self.gate: asyncio.Event | None = None
+        self.hang = False
+        self.dead = False
+        # SGLang: the scheduler is a child process (multiprocessing, spawn).
+        self.scheduler = multiprocessing.get_context("spawn").Process(
+            target=_fake_scheduler_process, name="fake-sglang-scheduler", daemon=True
+        )
+        self.scheduler.start()
+        # SGLang: engine.py Engine.__init__ -- adopt the running loop, else a new one.
+        try:
+            self.loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
 
-    def _fake_tokens(self, ids: list[int], n: int) -> list[int]:
+    @property
+    def released(self) -> set[str]:
+        return set(self.offload_tags)
+
+    def gpu_bytes_in_use(self) -> int:
+        held = 0
+        for tag, size in self.gpu_memory.items():
+            freed = tag in self.offload_tags and (tag != "cuda_graph" or self.graphs_releasable)
+            held += 0 if freed else size
+        return held
+
+    def _fake_tokens(self, ids: list[int], n: int, salt: int = 0) -> list[int]:
         vocab = len(self.tokenizer)
-        return [(sum(ids) * 31 + 7 * i) % (vocab - 10) + 10 for i in range(n)]
+        base = sum(ids) * 31 + salt * 977 + (0 if self.weights_valid else 12345)
+        return [(base + 7 * i) % (vocab - 10) + 10 for i in range(n)]
 
-    def generate(
+    # -- generation --------------------------------------------------------------------------
+    async def async_generate(
         self,
         prompt: object = None,
-        sampling_params: object = None,
-        input_ids: list[list[int]] | list[int] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        input_ids: list[int] | None = None,
         return_logprob: bool = False,
         **_: object,
-    ) -> object:
-        self.calls.append("generate")
-        if "weights" in self.released or "kv_cache" in self.released:
-            raise RuntimeError("FakeSGLangEngine: generate while memory is released")
-        if input_ids is None:
-            raise TypeError("FakeSGLangEngine: only input_ids prompts are faked")
-        rows: Any = input_ids
-        single = bool(rows) and isinstance(rows[0], int)
-        batch: list[list[int]] = [rows] if single else rows
-        params: Any = (
-            sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(batch)
-        )
-        outs = []
-        for ids, p in zip(batch, params, strict=True):
-            max_new = int((p or {}).get("max_new_tokens", 128))
-            n = min(max_new, 4)
-            toks = self._fake_tokens(ids, n)
-            meta: dict[str, object] = {
-                "prompt_tokens": len(ids),
+    ) -> dict[str, Any]:
+        import asyncio
+        import random
+
+        self.calls.append("async_generate")
+        if input_ids is None or (input_ids and not isinstance(input_ids[0], int)):
+            raise TypeError("FakeSGLangEngine: only single input_ids prompts are faked")
+        if self.dead:
+            raise RuntimeError("FakeSGLangEngine: the scheduler is dead")
+        p = dict(sampling_params or {})
+        # SGLang: tokenizer_manager.py _validate_one_request.
+        n_in = len(input_ids)
+        if n_in >= self.context_len:
+            raise ValueError(
+                f"The input ({n_in} tokens) is longer than the model's context length "
+                f"({self.context_len} tokens)."
+            )
+        vocab = len(self.tokenizer)
+        if input_ids and max(input_ids) >= vocab:
+            raise ValueError(
+                f"The input_ids {input_ids} contains values greater than the model's vocabulary "
+                f"size ({vocab})."
+            )
+        max_new = p.get("max_new_tokens", 128)
+        if max_new is not None and max_new + n_in >= self.context_len:
+            raise ValueError(
+                "Requested token count exceeds the model's maximum context length of "
+                f"{self.context_len} tokens."
+            )
+        # SGLang: sampling/sampling_params.py SamplingParams.__post_init__ and verify.
+        temperature = p.get("temperature", 1.0)
+        top_k = p.get("top_k", -1)
+        greedy = 0 <= temperature < 1e-6
+        if not greedy and top_k != -1 and top_k < 1:
+            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+        if "sampling_seed" in p and p["sampling_seed"] is not None and "seed" in p:
+            raise ValueError("unknown sampling parameter")
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.offload_tags:
+                # SGLang: a request while memory is released reads freed pages (or hangs).
+                raise RuntimeError("FakeSGLangEngine: generate while memory is released")
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.hang:
+                await asyncio.Event().wait()  # never set: a hung scheduler
+            await asyncio.sleep(0)
+            # SGLang: scheduler.py validate_input_length -- over max_req_input_len is aborted.
+            if n_in > self.max_req_input_len:
+                return {
+                    "text": "",
+                    "output_ids": [],
+                    "meta_info": {
+                        "prompt_tokens": n_in,
+                        "completion_tokens": 0,
+                        "finish_reason": {
+                            "type": "abort",
+                            "message": f"Input length ({n_in} tokens) exceeds the maximum "
+                            f"allowed length ({self.max_req_input_len} tokens).",
+                        },
+                    },
+                }
+            # SGLang: layers/sampler.py -- sampling_seed is used only with
+            # enable_deterministic_inference; otherwise a sampled token is random.
+            if greedy:
+                salt = 0
+            elif (
+                self.resolved.get("enable_deterministic_inference")
+                and p.get("sampling_seed") is not None
+            ):
+                salt = int(p["sampling_seed"]) + 1
+            else:
+                salt = random.randrange(1, 1 << 30)
+            n = min(int(max_new if max_new is not None else 128), 4)
+            toks = self._fake_tokens(list(input_ids), n, salt)
+            meta: dict[str, Any] = {
+                "prompt_tokens": n_in,
                 "completion_tokens": n,
                 "finish_reason": {"type": "length"} if n == max_new else {"type": "stop"},
             }
@@ -248,26 +408,109 @@ class FakeSGLangEngine:
                 meta["output_token_logprobs"] = [
                     (-0.25 * (i + 1), t, None) for i, t in enumerate(toks)
                 ]
-            outs.append(
-                {
-                    "text": self.tokenizer.decode(toks, skip_special_tokens=True),
-                    "output_ids": toks,
-                    "meta_info": meta,
-                }
-            )
-        return outs[0] if single else outs
+            return {
+                "text": self.tokenizer.decode(toks, skip_special_tokens=True),
+                "output_ids": toks,
+                "meta_info": meta,
+            }
+        finally:
+            self.in_flight -= 1
+            # SGLang: scheduler.py event loop -- a finished request leaves running_batch only at
+            # the next scheduler step (filter_batch), after its output was already sent.
+            self._running_until = time.monotonic() + self.step_s
 
-    def flush_cache(self) -> bool:
+    def busy(self) -> bool:
+        """Requests in flight, or finished ones still in the running batch."""
+        return self.in_flight > 0 or time.monotonic() < self._running_until
+
+    def _run(self, coro: Any) -> Any:
+        # SGLang: engine.py -- every sync method is self.loop.run_until_complete(...), which
+        # raises "This event loop is already running" inside a running loop.
+        return self.loop.run_until_complete(coro)
+
+    def generate(
+        self,
+        prompt: object = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        return_logprob: bool = False,
+        **_: object,
+    ) -> Any:
+        """SGLang: engine.py generate -- a batch is one ``GenerateReqInput``; one invalid request
+        (``_validate_one_request`` raising) fails the whole call."""
+        import asyncio
+
+        self.calls.append("generate")
+        if input_ids and isinstance(input_ids[0], int):
+            return self._run(
+                self.async_generate(
+                    input_ids=input_ids,
+                    sampling_params=sampling_params,
+                    return_logprob=return_logprob,
+                )
+            )
+        rows = list(input_ids or [])
+        params = (
+            sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(rows)
+        )
+
+        async def batch() -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    *(
+                        self.async_generate(
+                            input_ids=r, sampling_params=p, return_logprob=return_logprob
+                        )
+                        for r, p in zip(rows, params, strict=True)
+                    )
+                )
+            )
+
+        return self._run(batch())
+
+    def get_server_info(self) -> dict[str, Any]:
+        """SGLang: engine.py get_server_info -- server args plus the scheduler's info."""
+        self.calls.append("get_server_info")
+        return {
+            **self.resolved,
+            "max_req_input_len": self.max_req_input_len,
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "version": "fake",
+        }
+
+    # -- memory ------------------------------------------------------------------------------
+    def flush_cache(self) -> FakeFlushCacheReqOutput:
+        """SGLang: scheduler.py flush_cache -- fails (success=False) while requests are pending."""
         self.calls.append("flush_cache")
-        return True
+
+        async def flush() -> FakeFlushCacheReqOutput:
+            return FakeFlushCacheReqOutput(not self.busy())
+
+        result: FakeFlushCacheReqOutput = self._run(flush())
+        return result
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """SGLang: scheduler_update_weights_mixin.py release_memory_occupation."""
         self.calls.append("release_memory_occupation")
-        self.released |= set(tags or ["weights", "kv_cache"])
+        if self.busy():
+            # assert self._is_no_request(): the scheduler process dies of it.
+            self._die()
+            raise AssertionError(
+                "release_memory_occupation should be called only when no ongoing request."
+            )
+        if not self.resolved.get("enable_memory_saver"):
+            return  # the memory saver is a no-op: nothing is released
+        for tag in tags or ["weights", "kv_cache", "cuda_graph"]:
+            self.offload_tags.add(tag)
 
     def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """SGLang: resume_memory_occupation -- offload_tags.remove(tag) (KeyError if not held);
+        weights come back only with enable_weights_cpu_backup (else fresh, garbage pages)."""
         self.calls.append("resume_memory_occupation")
-        self.released -= set(tags or ["weights", "kv_cache"])
+        for tag in tags or ["weights", "kv_cache", "cuda_graph"]:
+            self.offload_tags.remove(tag)
+            if tag == "weights" and not self.resolved.get("enable_weights_cpu_backup"):
+                self.weights_valid = False
 
     def update_weights_from_tensor(
         self,
@@ -276,18 +519,37 @@ class FakeSGLangEngine:
         flush_cache: bool = True,
     ) -> tuple[bool, str]:
         self.calls.append("update_weights_from_tensor")
-        if "weights" in self.released:
+        if "weights" in self.offload_tags:
             raise RuntimeError("FakeSGLangEngine: weight update while weights are released")
         self.weight_names = [name for name, _ in named_tensors]
+        self.weights_valid = True
         return True, "Succeeded to update parameter online."
 
     def update_weights_from_disk(
         self, model_path: str, load_format: str | None = None
     ) -> tuple[bool, str]:
         self.calls.append("update_weights_from_disk")
-        if "weights" in self.released:
+        if "weights" in self.offload_tags:
             raise RuntimeError("FakeSGLangEngine: weight update while weights are released")
+        self.weights_valid = True
         return True, "Succeeded to update model weights."
+
+    # -- failure -----------------------------------------------------------------------------
+    def _die(self) -> None:
+        self.dead = True
+        if self.scheduler.is_alive():
+            self.scheduler.kill()
+            self.scheduler.join(5)
+
+    def crash_scheduler(self) -> None:
+        """SGLang: scheduler.py run_scheduler_process -- on an exception the scheduler logs it,
+        sends SIGQUIT to its parent (this process) and exits."""
+        import os
+        import signal
+
+        self._die()
+        os.kill(os.getpid(), signal.SIGQUIT)
 
     def shutdown(self) -> None:
         self.calls.append("shutdown")
+        self._die()

@@ -17,6 +17,7 @@ from genrm_serve.config import InstanceSpec
 __all__ = [
     "Engine",
     "EngineAsleepError",
+    "EngineBatchError",
     "EngineError",
     "EngineOutput",
     "EngineRequest",
@@ -33,6 +34,21 @@ class EngineError(RuntimeError):
 
 class EngineAsleepError(EngineError):
     """The engine has released its memory (``sleep()``) and must be woken first."""
+
+
+class EngineBatchError(EngineError):
+    """Some requests of a batch failed on their own; ``results`` has, per request in order, its
+    output or its own error. The worker settles each request with its entry, so one bad request
+    (an over-long prompt, a value the engine refuses) never fails its neighbours.
+    """
+
+    def __init__(self, results: list[EngineOutput | BaseException]) -> None:
+        failed = [r for r in results if isinstance(r, BaseException)]
+        super().__init__(
+            f"{len(failed)} of {len(results)} requests failed"
+            + (f"; first: {failed[0]}" if failed else "")
+        )
+        self.results = results
 
 
 class PromptTooLongError(EngineError):

@@ -1,36 +1,77 @@
 """The production GPU engine: SGLang's in-process ``sgl.Engine`` inside the engine's Ray actor.
 
-SGLang pins its own torch (2.14.1) and transformers (5.19), which clash with this workspace's
-lock, and needs CUDA; so it is imported lazily, only when an ``sglang`` engine starts, and lives
-in a separate environment (see the package README). Everything here is written against SGLang's
-documented *synchronous* Python API (0.5.x): ``sgl.Engine(**server_args)``, ``generate``,
-``flush_cache``, ``release_memory_occupation`` / ``resume_memory_occupation``,
-``update_weights_from_tensor`` / ``update_weights_from_disk``, ``shutdown``.
+SGLang pins its own torch and transformers, which clash with this workspace's lock, and needs
+CUDA; so it is imported lazily, only when an ``sglang`` engine starts, and lives in a separate
+environment (``engine_config.python_executable``, see the package README). Written against
+SGLang's source (``python/sglang/srt``, main branch of 2026, 0.5.x API); where a behaviour below
+names an SGLang file, that is the file it follows.
 
-Why synchronous calls on one dedicated thread: ``sgl.Engine`` binds itself to the event loop of
-the thread that builds it and drives its sync methods with ``loop.run_until_complete``, which
-fails inside a running loop (the Ray actor's). So the engine is built, and every call made, on
-one private thread; the actor awaits those calls without blocking its own loop. The worker in
-front sends one batch at a time (SGLang batches it further inside), so calls never overlap.
+Threading. ``sgl.Engine.__init__`` adopts the running event loop of its thread or makes one
+(``entrypoints/engine.py: Engine.__init__``), its sync methods drive that loop with
+``run_until_complete`` (which fails inside a running loop, e.g. a Ray actor's), and
+``async_generate`` must run on that same loop (``managers/tokenizer_manager.py`` binds its
+response loop to it). So one private thread owns the engine and its loop: the loop runs forever
+and takes every ``async_generate`` concurrently, so SGLang's continuous batching sees every
+request in flight (not one synchronous batch at a time; the worker in front still sends one batch
+of up to ``max_batch_size`` at a time); a sync control call (flush, release,
+resume, weight updates, server info) stops the loop, runs on the thread, then the loop resumes.
 
-Lifecycle: ``sleep`` = (no request in flight — the worker drains first, which is what SGLang's
-``pause_generation`` would ensure) → ``flush_cache`` → ``release_memory_occupation`` (weights and
-KV cache; needs ``enable_memory_saver``); ``wake`` = ``resume_memory_occupation``. The
-:class:`SGLangEngine` state machine refuses generate and weight updates while asleep, because
-SGLang itself would fail or hang on them.
+Behaviours taken from SGLang's source (each is a test in ``tests/test_engine_sglang*.py``):
 
-Prompts are tokenised here (chat template with ``chat_template_kwargs``, context check before any
-compute) and sent as ``input_ids``; log-probs are SGLang's ``output_token_logprobs`` — by SGLang's
-convention those are of the distribution after temperature scaling unless the server is started
-with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (raw model); check this against the installed version.
+- Sleep keeps a judge's weights: ``enable_weights_cpu_backup`` (without it,
+  ``release_memory_occupation(["weights"])`` frees the pages and resume maps fresh, uninitialised
+  ones: ``managers/scheduler_update_weights_mixin.py``; SGLang issues #6367, #19442).
+- ``flush_cache`` answers ``success=False`` while requests are pending, and release asserts the
+  scheduler is idle (it dies otherwise): the flush is retried until it succeeds, under
+  ``FLUSH_DEADLINE_S``.
+- Sleep releases weights, KV cache and CUDA graphs (``cuda_graph`` tag; graphs are inside the
+  memory saver only with ``SGLANG_MEMORY_SAVER_CUDA_GRAPH=true``,
+  ``utils/torch_memory_saver_adapter.py``, as slime sets it).
+- Context limits come from ``get_server_info()`` after start: SGLang refuses a prompt
+  ``>= context_len`` and prompt + ``max_new_tokens >= context_len`` with a ``ValueError``
+  (``tokenizer_manager._validate_one_request``), and its scheduler aborts a prompt over
+  ``max_req_input_len = max_req_len - 5`` (``managers/scheduler.py``). We refuse both per
+  request as :class:`PromptTooLongError` (HTTP 413) and cap ``max_new_tokens``.
+- Any other per-request SGLang error stays with its request (:class:`EngineBatchError`).
+- ``top_k <= 0`` is sent as -1 (SGLang raises on 0: ``sampling/sampling_params.py: verify``).
+- A request's ``seed`` is SGLang's ``sampling_seed``, honoured only with
+  ``enable_deterministic_inference`` (``engine_config.deterministic_inference``); without it a
+  sampled (temperature > 0) request with a seed is refused, never silently unseeded.
+- Multi-GPU engines: ``base_gpu_id`` / ``gpu_id_step`` from the GPUs Ray gave the actor, which
+  sees every GPU of its node (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``, as slime does);
+  ``nnodes`` / ``node_rank`` / ``dist_init_addr`` from an explicit :class:`SGLangPlacement`.
+- A failing SGLang child sends SIGQUIT to its parent (``scheduler.py: run_scheduler_process``;
+  a hung forward does too, ``utils/watchdog.py: ProcessWatchdog``; and SGLang's
+  ``SubprocessWatchdog`` SIGQUITs this process when a child dies), whose default action kills the
+  actor silently; SGLang installs its own handler only on the main thread. We install one (main
+  thread: marks the engine failed; elsewhere, e.g. a Ray async actor where ``signal.signal``
+  refuses, SIGQUIT is ignored) and watch the children: a dead one marks the engine failed and
+  fails its requests with the exit code; a hung one fails the health probe.
+- ``mem_fraction_static`` is passed as given; ``create_engine_worker(..., shared_gpu=True)``
+  refuses an SGLang engine without it (the layout's owner says whether GPUs are shared).
+- ``configure_logger`` calls ``logging.basicConfig(force=True)`` (``utils``): the root
+  logger's handlers and level are put back after start.
+- Health probes a one-token generation under ``HEALTH_PROBE_TIMEOUT_S`` (a hung scheduler is
+  unhealthy), unless an output arrived within that window (SGLang's ``/health_generate`` does the
+  same).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import ctypes
+import itertools
 import logging
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from genrm_client.types import FinishReason, SamplingParams
@@ -38,15 +79,23 @@ from genrm_serve.config import InstanceSpec
 from genrm_serve.engines.base import (
     Engine,
     EngineAsleepError,
+    EngineBatchError,
     EngineError,
     EngineOutput,
     EngineRequest,
+    PromptTooLongError,
 )
 from genrm_serve.engines.prompts import PromptEncoder
 
 __all__ = [
+    "ENGINE_ENV",
+    "MEMORY_TAGS",
     "SGLANG_INSTALL_HINT",
     "SGLangEngine",
+    "SGLangPlacement",
+    "SGLangPromptTooLongError",
+    "device_kwargs",
+    "engine_actor_options",
     "import_sglang_engine",
     "sglang_engine_kwargs",
     "sglang_sampling_params",
@@ -57,14 +106,65 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SGLANG_INSTALL_HINT = (
-    "the 'sglang' engine needs SGLang (CUDA only), which pins torch 2.14.1 / transformers 5.19 "
+    "the 'sglang' engine needs SGLang (CUDA only), which pins its own torch / transformers "
     "and cannot share this workspace's environment: create a separate GPU environment with "
-    "`pip install 'sglang>=0.5.20' genrm-serve` and run genrm-serve from it (see "
-    "packages/genrm-serve/README.md, 'Engines'); or use engine 'hf'"
+    "`pip install 'sglang>=0.5.20' genrm-serve` and point engine_config.python_executable at its "
+    "python (see packages/genrm-serve/README.md, 'Engines'); or use engine 'hf'"
 )
 
-#: Memory regions SGLang can release (``release_memory_occupation(tags=...)``).
-MEMORY_TAGS = ("weights", "kv_cache")
+#: Memory regions released on sleep and restored on wake, in SGLang's tag names
+#: (``utils/torch_memory_saver_adapter.py``). Resume must name exactly what was released: the
+#: scheduler removes each tag from its offload set and fails on one it does not hold.
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+#: Environment of an SGLang engine actor. NOSET: Ray leaves CUDA_VISIBLE_DEVICES alone, so the
+#: actor (placed in its first bundle) can drive the engine's other GPUs by ``base_gpu_id``.
+ENGINE_ENV = {
+    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+    "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true",
+}
+
+#: Longest sleep() retries ``flush_cache`` while SGLang still has requests (slime: 60 x 1 s).
+FLUSH_DEADLINE_S = 60.0
+FLUSH_RETRY_S = 0.5
+#: A health probe's deadline; below the worker's own probe deadline so this one reports.
+HEALTH_PROBE_TIMEOUT_S = 5.0
+#: How often the child-process watchdog looks.
+CHILD_WATCH_S = 1.0
+#: Longest the engine thread may take to come up after ``sgl.Engine()`` returned.
+_THREAD_READY_S = 30.0
+
+
+@dataclass(frozen=True)
+class SGLangPlacement:
+    """Where one SGLang engine (or its share on one node) runs; from the caller's placement.
+
+    ``base_gpu_id`` / ``gpu_id_step``: this node's GPUs are ``base + i * step`` (physical ids:
+    the actor sees every GPU of the node). An engine larger than a node runs one actor per node
+    with the same ``nnodes`` and ``dist_init_addr`` ("host:port" of node_rank 0) and its own
+    ``node_rank``; only node_rank 0 serves requests.
+    """
+
+    base_gpu_id: int | None = None
+    gpu_id_step: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+
+
+class SGLangPromptTooLongError(PromptTooLongError):
+    """A prompt over SGLang's own limits (read from the running engine): HTTP 413."""
+
+    def __init__(self, prompt_tokens: int, limit: int, why: str) -> None:
+        super().__init__(prompt_tokens, limit)
+        self.why = why
+        self.args = (f"prompt has {prompt_tokens} tokens, more than SGLang accepts ({why})",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.prompt_tokens, self.max_context_len, self.why))
 
 
 def import_sglang_engine() -> Callable[..., Any]:
@@ -77,25 +177,36 @@ def import_sglang_engine() -> Callable[..., Any]:
     return engine_cls
 
 
+def _where(spec: InstanceSpec) -> str:
+    return f"genrm instance {spec.route_key!r} (engine 'sglang')"
+
+
 def sglang_engine_kwargs(
     spec: InstanceSpec, *, model_path: str, seed: int | None = None
 ) -> dict[str, Any]:
     """Map an instance's config to ``sgl.Engine`` server arguments (pure; raises on bad sizes).
 
-    ``tp_size = num_gpus_per_engine / pp_size`` (an engine owns exactly its GPUs);
-    ``dp_size > 1`` is data-parallel *attention* inside those GPUs (``enable_dp_attention``), so
-    it must divide tp; ``ep_size`` (experts) must divide tp. ``context_length`` is
-    ``max_context_len``; ``mem_fraction_static`` is passed only when set (SGLang's default
-    otherwise). ``enable_memory_saver`` is on: sleep / wake need it.
+    ``tp_size = num_gpus_per_engine / pp_size`` (an engine owns exactly its GPUs). ``dp_size``
+    means SGLang's data-parallel attention inside those GPUs and needs ``enable_dp_attention``:
+    SGLang's plain ``dp_size`` would start replicas that need ``dp x tp`` GPUs, and replicas are
+    already our engines (``num_gpus / num_gpus_per_engine``), so it is refused, never guessed.
     """
     cfg = spec.engine_config
-    where = f"genrm instance {spec.route_key!r} (engine 'sglang')"
+    where = _where(spec)
     gpus = spec.num_gpus_per_engine
     if gpus % cfg.pp_size:
         raise EngineError(
             f"{where}: num_gpus_per_engine={gpus} must be a multiple of pp_size={cfg.pp_size}"
         )
     tp = gpus // cfg.pp_size
+    if cfg.dp_size > 1 and not cfg.enable_dp_attention:
+        raise EngineError(
+            f"{where}: dp_size={cfg.dp_size} needs enable_dp_attention=true (SGLang's "
+            "data-parallel attention inside the engine's GPUs); judge replicas are engines: "
+            "raise num_gpus (num_gpus / num_gpus_per_engine engines) instead"
+        )
+    if cfg.enable_dp_attention and cfg.dp_size < 2:
+        raise EngineError(f"{where}: enable_dp_attention=true needs dp_size > 1")
     if tp % cfg.dp_size:
         raise EngineError(
             f"{where}: dp_size={cfg.dp_size} must divide the tensor-parallel size {tp} "
@@ -113,10 +224,13 @@ def sglang_engine_kwargs(
         "ep_size": cfg.ep_size,
         "context_length": cfg.max_context_len,
         "enable_memory_saver": True,
+        "enable_weights_cpu_backup": True,
         "log_level": "error",
     }
-    if cfg.dp_size > 1:
+    if cfg.enable_dp_attention:
         kwargs["enable_dp_attention"] = True
+    if cfg.deterministic_inference:
+        kwargs["enable_deterministic_inference"] = True
     if cfg.mem_fraction_static is not None:
         kwargs["mem_fraction_static"] = cfg.mem_fraction_static
     if cfg.dtype != "auto":
@@ -126,18 +240,105 @@ def sglang_engine_kwargs(
     return kwargs
 
 
-def sglang_sampling_params(sampling: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
-    """Our sampling parameters in SGLang's names (temperature 0 is greedy in both)."""
+def device_kwargs(
+    gpus_on_node: int,
+    assigned: list[int],
+    *,
+    sees_all_gpus: bool,
+    placement: SGLangPlacement | None = None,
+) -> dict[str, Any]:
+    """``base_gpu_id`` / ``gpu_id_step`` (+ multi-node keys) for this actor (pure).
+
+    ``assigned``: the GPU ids Ray gave the actor. With ``sees_all_gpus`` (NOSET) they are
+    physical ids: several must be evenly spaced; one is the first of the engine's consecutive
+    GPUs (rl-core puts the actor in its first bundle, bundles sorted by GPU id, as slime does).
+    Without it Ray renumbered the visible GPUs from 0, and the actor must see them all.
+    """
+    p = placement or SGLangPlacement()
+    out: dict[str, Any] = {}
+    if p.nnodes > 1:
+        if not p.dist_init_addr:
+            raise EngineError(f"an engine over nnodes={p.nnodes} needs dist_init_addr")
+        if not 0 <= p.node_rank < p.nnodes:
+            raise EngineError(f"node_rank={p.node_rank} must be in [0, {p.nnodes})")
+        out.update(nnodes=p.nnodes, node_rank=p.node_rank, dist_init_addr=p.dist_init_addr)
+    if p.base_gpu_id is not None:
+        return {**out, "base_gpu_id": p.base_gpu_id, "gpu_id_step": p.gpu_id_step}
+    ids = sorted(assigned)
+    if not sees_all_gpus:
+        if gpus_on_node > 1 and len(ids) < gpus_on_node:
+            raise EngineError(
+                f"the engine needs {gpus_on_node} GPUs on this node but its actor sees "
+                f"{len(ids)} (CUDA_VISIBLE_DEVICES); create it with engine 'sglang' through "
+                "create_engine_worker (which sets RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1) "
+                "or give the actor all its GPUs"
+            )
+        return {**out, "base_gpu_id": 0, "gpu_id_step": 1}
+    if not ids:
+        return {**out, "base_gpu_id": 0, "gpu_id_step": 1}
+    if len(ids) == 1 or len(ids) < gpus_on_node:
+        return {**out, "base_gpu_id": ids[0], "gpu_id_step": 1}
+    ids = ids[:gpus_on_node]
+    step = ids[1] - ids[0]
+    if any(b - a != step for a, b in itertools.pairwise(ids)):
+        raise EngineError(
+            f"the actor's GPUs {ids} are not evenly spaced; SGLang addresses an engine's GPUs "
+            "as base_gpu_id + i * gpu_id_step: pass an SGLangPlacement"
+        )
+    return {**out, "base_gpu_id": ids[0], "gpu_id_step": step}
+
+
+def engine_actor_options(spec: InstanceSpec, *, shared_gpu: bool = False) -> dict[str, Any]:
+    """Ray actor options an engine of ``spec`` needs (``create_engine_worker`` merges them).
+
+    ``python_executable`` → ``runtime_env.py_executable`` (any engine kind); an explicit
+    ``sglang`` engine also gets :data:`ENGINE_ENV`. ``shared_gpu`` (the caller's layout puts
+    another inference engine's memory on the same GPUs) without ``mem_fraction_static`` is
+    refused here, before the actor exists: SGLang would take most of the GPU. A fractional Ray
+    ``num_gpus`` alone says nothing (colocated roles all ask fractions as scheduling tokens).
+    """
+    cfg = spec.engine_config
+    runtime_env: dict[str, Any] = {}
+    if cfg.python_executable is not None:
+        runtime_env["py_executable"] = cfg.python_executable
+    if spec.engine == "sglang":
+        runtime_env["env_vars"] = dict(ENGINE_ENV)
+    if spec.engine == "sglang" and shared_gpu and cfg.mem_fraction_static is None:
+        raise EngineError(
+            f"{_where(spec)}: shares its GPUs with another engine but "
+            "engine_config.mem_fraction_static is not set; set it (the fractions on one GPU "
+            "must sum to at most 0.9)"
+        )
+    return {"runtime_env": runtime_env} if runtime_env else {}
+
+
+def sglang_sampling_params(
+    sampling: SamplingParams, max_new_tokens: int, *, deterministic: bool = False
+) -> dict[str, Any]:
+    """Our sampling parameters in SGLang's names (temperature 0 is greedy in both).
+
+    ``top_k <= 0`` (off, as the hf engine reads it) is -1; ``seed`` is ``sampling_seed`` when
+    the engine runs deterministic inference, else refused for a sampled request.
+    """
+    top_k = sampling.top_k if sampling.top_k is not None else -1
+    temperature = sampling.temperature if sampling.temperature is not None else 1.0
     params: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
-        "temperature": sampling.temperature if sampling.temperature is not None else 1.0,
+        "temperature": temperature,
         "top_p": sampling.top_p if sampling.top_p is not None else 1.0,
-        "top_k": sampling.top_k if sampling.top_k is not None else -1,
+        "top_k": top_k if top_k > 0 else -1,
     }
     if sampling.stop:
         params["stop"] = list(sampling.stop)
     if sampling.seed is not None:
-        params["sampling_seed"] = sampling.seed
+        if deterministic:
+            params["sampling_seed"] = sampling.seed
+        elif temperature > 0:
+            raise EngineError(
+                f"seed={sampling.seed}: SGLang honours a seed only with deterministic inference; "
+                "set engine_config.deterministic_inference=true for this instance, or send "
+                "temperature 0 (greedy needs no seed)"
+            )
     return params
 
 
@@ -152,71 +353,315 @@ def _finish_reason(meta: dict[str, Any]) -> tuple[FinishReason, str | None]:
     return "stop", None
 
 
+def _flush_succeeded(result: Any) -> bool:
+    """``FlushCacheReqOutput.success`` (older SGLang answered a bare bool, or None)."""
+    if result is None:
+        return True
+    if isinstance(result, bool):
+        return result
+    return bool(getattr(result, "success", True))
+
+
+def _ignore_sigquit_process_wide() -> None:
+    """SIG_IGN for SIGQUIT through libc: ``signal.signal`` refuses off the main thread."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal(int(signal.SIGQUIT), 1)  # SIG_IGN == 1 on Linux
+
+
+def _assigned_gpus() -> list[int]:
+    """GPU ids Ray gave this actor (none outside Ray)."""
+    with contextlib.suppress(Exception):
+        import ray
+
+        if ray.is_initialized():
+            return [int(g) for g in ray.get_gpu_ids()]
+    return []
+
+
+class _EngineThread:
+    """One thread that owns ``sgl.Engine`` and runs its event loop (see the module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.engine: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
+        self._jobs = queue.SimpleQueue()
+        self._ready: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def start(self, build: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        self._thread = threading.Thread(target=self._main, args=(build,), name=self.name)
+        self._thread.daemon = True
+        self._thread.start()
+        return self._ready
+
+    def _main(self, build: Callable[[], Any]) -> None:
+        try:
+            engine = build()  # outside any running loop, as a script would build it
+            loop = getattr(engine, "loop", None)
+            if not isinstance(loop, asyncio.AbstractEventLoop) or loop.is_closed():
+                loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self.engine, self.loop = engine, loop
+        except BaseException as err:
+            self._ready.set_exception(err)
+            return
+        self._ready.set_result(engine)
+        while not self._stopping:
+            loop.run_forever()  # returns when a sync job (or stop) asks for the thread
+            while True:
+                try:
+                    fn, fut = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as err:
+                        fut.set_exception(err)
+
+    def call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Run a sync engine method on the thread while the loop is stopped."""
+        assert self.loop is not None
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._jobs.put((fn, fut))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        return asyncio.wrap_future(fut)
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        """Schedule a coroutine of the engine on its loop."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+
 class SGLangEngine(Engine):
     """SGLang behind the :class:`Engine` interface; see the module docstring.
 
     ``engine_cls`` replaces ``sglang.Engine`` (tests inject ``genrm_serve.testing.
-    FakeSGLangEngine``, a fake with the same methods, since SGLang cannot run without a GPU).
+    FakeSGLangEngine``, which models the SGLang behaviours listed above). ``placement`` carries
+    what only the caller knows (multi-node engines); pass it through ``create_engine_worker(...,
+    worker_kwargs={"engine": SGLangEngine(spec, id, placement=...)})``.
     """
 
     def __init__(
-        self, spec: InstanceSpec, engine_id: str, *, engine_cls: Callable[..., Any] | None = None
+        self,
+        spec: InstanceSpec,
+        engine_id: str,
+        *,
+        engine_cls: Callable[..., Any] | None = None,
+        placement: SGLangPlacement | None = None,
     ) -> None:
         super().__init__(spec, engine_id)
         self._engine_cls = engine_cls
-        self._executor: ThreadPoolExecutor | None = None
+        self.placement = placement
+        self._thread: _EngineThread | None = None
         self.sgl: Any = None
         self.prompts: PromptEncoder | None = None
         self.server_args: dict[str, Any] = {}
-        self.counters = {"batches": 0, "requests": 0}
+        self.counters = {"batches": 0, "requests": 0, "refused": 0, "flush_retries": 0}
+        #: SGLang's limits, read after start: prompts over ``prompt_limit`` are refused, and
+        #: prompt + new tokens stay below ``context_len``.
+        self.context_len = spec.engine_config.max_context_len
+        self.prompt_limit = spec.engine_config.max_context_len
+        self.limits_why = f"max_context_len={spec.engine_config.max_context_len}"
+        self.failure: str | None = None
+        self._children: list[Any] = []
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._last_output = 0.0
+        self._control: asyncio.Lock | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._prev_sigquit: Any = None
 
-    async def _call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"sglang-{self.engine_id}")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+    @property
+    def is_follower(self) -> bool:
+        """A node_rank > 0 share of a multi-node engine: runs schedulers, serves nothing."""
+        return self.placement is not None and self.placement.node_rank > 0
 
+    # -- start -------------------------------------------------------------------------------
     async def start(self) -> None:
         from genrm_serve.models import resolve_model_path
 
         engine_cls = self._engine_cls or import_sglang_engine()
+        cfg = self.spec.engine_config
+        ids = _assigned_gpus()
         model_dir = resolve_model_path(self.spec.model_path)
-        self.server_args = sglang_engine_kwargs(self.spec, model_path=str(model_dir))
-        max_ctx = self.spec.engine_config.max_context_len
-        self.prompts = await asyncio.to_thread(PromptEncoder.load, model_dir, max_ctx)
-        self.sgl = await self._call(engine_cls, **self.server_args)
+        args = sglang_engine_kwargs(self.spec, model_path=str(model_dir))
+        gpus_on_node = self.spec.num_gpus_per_engine // (
+            self.placement.nnodes if self.placement else 1
+        )
+        noset = os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES") == "1"
+        args.update(
+            device_kwargs(max(1, gpus_on_node), ids, sees_all_gpus=noset, placement=self.placement)
+        )
+        self.server_args = args
+        self.prompts = await asyncio.to_thread(PromptEncoder.load, model_dir, cfg.max_context_len)
+        for key, value in ENGINE_ENV.items():
+            if key.startswith("SGLANG_"):
+                os.environ.setdefault(key, value)  # read by SGLang's children at spawn
+        if self.is_follower:
+            # engine.py _launch_subprocesses: a node_rank >= 1 blocks until its schedulers exit
+            # unless this is "0"; the Python API then returns without a tokenizer.
+            os.environ["SGLANG_BLOCK_NONZERO_RANK_CHILDREN"] = "0"
+        self._control = asyncio.Lock()
+        before = set(multiprocessing.active_children())
+        root = logging.getLogger()
+        saved_handlers, saved_level = list(root.handlers), root.level
+        self._thread = _EngineThread(f"sglang-{self.engine_id}")
+        try:
+            self.sgl = await asyncio.wrap_future(
+                self._thread.start(lambda: engine_cls(**self.server_args))
+            )
+        finally:
+            # utils.configure_logger: logging.basicConfig(force=True) replaced our handlers.
+            root.handlers[:] = saved_handlers
+            root.setLevel(saved_level)
+        self._children = [p for p in multiprocessing.active_children() if p not in before]
+        self._install_sigquit_guard()
+        if not self.is_follower:
+            await self._read_limits()
+        self._watch_task = asyncio.get_running_loop().create_task(self._watch_children())
         self.state = "awake"
-        logger.info("engine %s: SGLang up with %s", self.engine_id, self.server_args)
+        logger.info(
+            "engine %s: SGLang up with %s; prompt limit %d (%s)",
+            self.engine_id,
+            self.server_args,
+            self.prompt_limit,
+            self.limits_why,
+        )
 
+    async def _read_limits(self) -> None:
+        assert self._thread is not None
+        info: dict[str, Any] = await self._thread.call(self.sgl.get_server_info)
+        context_len = int(info.get("context_length") or self.spec.engine_config.max_context_len)
+        limit = context_len - 1  # tokenizer_manager: a prompt >= context_len is refused
+        why = f"context_len={context_len}"
+        max_input = info.get("max_req_input_len")
+        if max_input is not None and int(max_input) < limit:
+            limit = int(max_input)
+            why += f", max_req_input_len={limit}"
+        self.context_len, self.prompt_limit, self.limits_why = context_len, limit, why
+
+    def _install_sigquit_guard(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+
+            def on_sigquit(signum: int, frame: Any) -> None:
+                self._fail("an SGLang child process failed (it sent SIGQUIT to this process)")
+
+            self._prev_sigquit = signal.signal(signal.SIGQUIT, on_sigquit)
+        else:
+            _ignore_sigquit_process_wide()  # the watchdog reports the dead child
+
+    def _fail(self, why: str) -> None:
+        if self.failure is None:
+            self.failure = why
+            logger.error("engine %s failed: %s", self.engine_id, why)
+        self.state = "failed"
+        error = EngineError(f"engine {self.engine_id} failed: {why}")
+        for fut in list(self._pending):
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                fut.set_exception(error)
+
+    def _check_children(self) -> None:
+        for proc in self._children:
+            if not proc.is_alive():
+                self._fail(f"SGLang child {proc.name} (pid {proc.pid}) exited {proc.exitcode}")
+                return
+
+    async def _watch_children(self) -> None:
+        while self.state not in ("failed", "stopped"):
+            self._check_children()
+            await asyncio.sleep(CHILD_WATCH_S)
+
+    # -- requests ----------------------------------------------------------------------------
     def _awake(self, action: str) -> Any:
         if self.sgl is None:
             raise EngineError(f"engine {self.engine_id} is not started")
+        if self.state == "failed":
+            raise EngineError(f"engine {self.engine_id} failed: {self.failure}")
         if self.state != "awake":
             raise EngineAsleepError(f"engine {self.engine_id} is {self.state}: cannot {action}")
+        if self.placement is not None and self.placement.node_rank > 0:
+            raise EngineError(
+                f"engine {self.engine_id} is node_rank {self.placement.node_rank} of a "
+                "multi-node SGLang engine: node_rank 0 serves its requests"
+            )
         return self.sgl
 
-    async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
-        sgl = self._awake("generate")
+    def _prepare(self, request: EngineRequest) -> tuple[list[int], dict[str, Any]]:
         assert self.prompts is not None
-        ids = [self.prompts.checked(r) for r in requests]  # every check before any compute
+        ids = self.prompts.encode(request)
+        if not ids:
+            raise EngineError("empty prompt")
+        if len(ids) > self.prompt_limit:
+            raise SGLangPromptTooLongError(len(ids), self.prompt_limit, self.limits_why)
         default = self.spec.sampling_config.max_response_len or 1
-        params = [
-            sglang_sampling_params(r.sampling, self.prompts.max_new_tokens(r, len(p), default))
-            for r, p in zip(requests, ids, strict=True)
-        ]
-        want_logprobs = any(r.return_tokens for r in requests)
-        raw = await self._call(
-            sgl.generate, input_ids=ids, sampling_params=params, return_logprob=want_logprobs
-        )
-        results = raw if isinstance(raw, list) else [raw]
-        if len(results) != len(requests):
-            raise EngineError(
-                f"engine {self.engine_id}: SGLang returned {len(results)} outputs for "
-                f"{len(requests)} requests"
+        wanted = request.sampling.max_response_len or default
+        max_new = max(0, min(wanted, self.context_len - 1 - len(ids)))
+        deterministic = self.spec.engine_config.deterministic_inference
+        return ids, sglang_sampling_params(request.sampling, max_new, deterministic=deterministic)
+
+    async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
+        """Each request is its own ``async_generate``; errors stay with their request."""
+        sgl = self._awake("generate")
+        assert self._thread is not None
+        results: list[EngineOutput | BaseException] = []
+        waits: dict[int, asyncio.Future[Any]] = {}
+        prepared: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            try:
+                ids, params = self._prepare(request)
+            except EngineError as err:
+                results.append(err)
+                continue
+            results.append(EngineError("not run"))
+            prepared[i] = ids
+            fut = self._thread.submit(
+                sgl.async_generate(
+                    input_ids=ids, sampling_params=params, return_logprob=request.return_tokens
+                )
             )
+            self._pending.add(fut)
+            fut.add_done_callback(self._pending.discard)
+            waits[i] = asyncio.wrap_future(fut)
+        try:
+            done = await asyncio.gather(*waits.values(), return_exceptions=True)
+        except asyncio.CancelledError:
+            for w in waits.values():
+                w.cancel()
+            raise
+        for i, out in zip(waits, done, strict=True):
+            request = requests[i]
+            if isinstance(out, BaseException):
+                results[i] = self._request_error(len(prepared[i]), out)
+            else:
+                results[i] = self._output(request, prepared[i], out)
+                self._last_output = time.monotonic()
         self.counters["batches"] += 1
         self.counters["requests"] += len(requests)
-        return [self._output(r, p, out) for r, p, out in zip(requests, ids, results, strict=True)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        self.counters["refused"] += len(failed)
+        if failed:
+            if len(requests) == 1:
+                raise failed[0]
+            raise EngineBatchError(results)
+        return [r for r in results if isinstance(r, EngineOutput)]
+
+    def _request_error(self, prompt_len: int, err: BaseException) -> BaseException:
+        if isinstance(err, EngineError):
+            return err
+        text = str(getattr(err, "detail", None) or err)
+        if "context length" in text:  # tokenizer_manager._validate_one_request
+            return SGLangPromptTooLongError(prompt_len, self.prompt_limit, text)
+        return EngineError(f"engine {self.engine_id}: SGLang refused the request: {text}")
 
     def _output(
         self, request: EngineRequest, prompt: list[int], out: dict[str, Any]
@@ -242,57 +687,141 @@ class SGLangEngine(Engine):
             result.logprobs = [float(e[0]) for e in lp_entries]
         return result
 
+    # -- health ------------------------------------------------------------------------------
+    async def check_health(self) -> None:
+        """Failed children or a generation that does not answer within the probe deadline."""
+        self._check_children()
+        if self.state == "failed":
+            raise EngineError(f"engine {self.engine_id} failed: {self.failure}")
+        if self.state != "awake" or self.is_follower or self._control is None:
+            return
+        if time.monotonic() - self._last_output < HEALTH_PROBE_TIMEOUT_S:
+            return
+        if self._control.locked():
+            return  # a sleep / weight update is on its way: not the moment to add a request
+        async with self._control:
+            await self._probe()
+
+    async def _probe(self) -> None:
+        assert self._thread is not None and self.prompts is not None
+        token = self.prompts.tokenizer.bos_token_id
+        if token is None:
+            token = self.prompts.tokenizer.eos_token_id or 0
+        fut = self._thread.submit(
+            self.sgl.async_generate(
+                input_ids=[int(token)], sampling_params={"max_new_tokens": 1, "temperature": 0.0}
+            )
+        )
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(fut), HEALTH_PROBE_TIMEOUT_S)
+        except TimeoutError:
+            raise EngineError(
+                f"engine {self.engine_id}: health probe (one token) got no answer within "
+                f"{HEALTH_PROBE_TIMEOUT_S} s; SGLang is hung or overloaded"
+            ) from None
+        self._last_output = time.monotonic()
+
+    # -- memory ------------------------------------------------------------------------------
+    async def _flush(self) -> None:
+        assert self._thread is not None
+        deadline = time.monotonic() + FLUSH_DEADLINE_S
+        while True:
+            result = await self._thread.call(self.sgl.flush_cache)
+            if _flush_succeeded(result):
+                return
+            if time.monotonic() >= deadline:
+                raise EngineError(
+                    f"engine {self.engine_id}: SGLang flush_cache still failing after "
+                    f"{FLUSH_DEADLINE_S} s (requests pending); not releasing memory"
+                )
+            self.counters["flush_retries"] += 1
+            await asyncio.sleep(FLUSH_RETRY_S)
+
     async def sleep(self) -> None:
         if self.state != "awake":
             return
-        sgl = self._awake("sleep")
-        await self._call(sgl.flush_cache)
-        await self._call(sgl.release_memory_occupation, tags=list(MEMORY_TAGS))
-        self.state = "asleep"
+        if self.is_follower:  # rank 0's release reaches every rank's scheduler
+            self.state = "asleep"
+            return
+        self._awake("sleep")
+        assert self._thread is not None and self._control is not None
+        async with self._control:
+            await self._flush()
+            await self._thread.call(
+                lambda: self.sgl.release_memory_occupation(tags=list(MEMORY_TAGS))
+            )
+            self.state = "asleep"
 
     async def wake(self) -> None:
         if self.state != "asleep":
             return
-        await self._call(self.sgl.resume_memory_occupation, tags=list(MEMORY_TAGS))
+        if not self.is_follower:
+            assert self._thread is not None and self._control is not None
+            async with self._control:
+                await self._thread.call(
+                    lambda: self.sgl.resume_memory_occupation(tags=list(MEMORY_TAGS))
+                )
         self.state = "awake"
 
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """``update_weights_from_tensor`` (then the KV cache is flushed); awake only."""
-        sgl = self._awake("update weights")
+    # -- weights -----------------------------------------------------------------------------
+    def _check_version(self, version: int) -> None:
         if version <= self.weight_version:
             raise EngineError(
                 f"engine {self.engine_id}: weight version {version} must be greater than "
                 f"{self.weight_version}"
             )
-        result = await self._call(
-            sgl.update_weights_from_tensor, named_tensors=list(state_dict.items()), flush_cache=True
-        )
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """``update_weights_from_tensor`` (then the KV cache is flushed); awake only."""
+        sgl = self._awake("update weights")
+        self._check_version(version)
+        assert self._thread is not None and self._control is not None
+        async with self._control:
+            result = await self._thread.call(
+                lambda: sgl.update_weights_from_tensor(
+                    named_tensors=list(state_dict.items()), flush_cache=True
+                )
+            )
         _raise_unless_success(self.engine_id, "update_weights_from_tensor", result)
         self.weight_version = version
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Load a checkpoint folder in place (elastic / disaggregated refit)."""
         sgl = self._awake("update weights")
-        if version <= self.weight_version:
-            raise EngineError(
-                f"engine {self.engine_id}: weight version {version} must be greater than "
-                f"{self.weight_version}"
-            )
-        result = await self._call(sgl.update_weights_from_disk, model_path)
+        self._check_version(version)
+        assert self._thread is not None and self._control is not None
+        async with self._control:
+            result = await self._thread.call(lambda: sgl.update_weights_from_disk(model_path))
         _raise_unless_success(self.engine_id, "update_weights_from_disk", result)
         self.weight_version = version
 
     async def shutdown(self) -> None:
-        if self.sgl is not None:
-            await self._call(self.sgl.shutdown)
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            self._watch_task = None
+        if self.sgl is not None and self._thread is not None:
+            with contextlib.suppress(Exception):
+                await self._thread.call(self.sgl.shutdown)
             self.sgl = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+        if self._prev_sigquit is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGQUIT, self._prev_sigquit)
+            self._prev_sigquit = None
         self.state = "stopped"
 
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), **self.counters, "server_args": dict(self.server_args)}
+        return {
+            **super().stats(),
+            **self.counters,
+            "server_args": dict(self.server_args),
+            "prompt_limit": self.prompt_limit,
+            "context_len": self.context_len,
+            "failure": self.failure,
+        }
 
 
 def _raise_unless_success(engine_id: str, what: str, result: Any) -> None:

@@ -22,6 +22,7 @@ from genrm_serve.config import InstanceSpec
 from genrm_serve.engines.base import (
     Engine,
     EngineAsleepError,
+    EngineBatchError,
     EngineError,
     EngineOutput,
     EngineRequest,
@@ -336,6 +337,15 @@ class EngineWorker:
         engine = self._engine()
         try:
             outputs = await engine.generate([p.request for p in batch])
+        except EngineBatchError as err:
+            # Per-request failures (the engine ran the others): each request gets its own entry.
+            self._count_batch(len(batch))
+            for p, entry in zip(batch, err.results, strict=True):
+                if isinstance(entry, BaseException):
+                    self._settle(p, entry)
+                else:
+                    self._deliver(engine, p, entry, len(batch))
+            return
         except PromptTooLongError as err:
             if len(batch) == 1:
                 self._settle(batch[0], err)
@@ -361,19 +371,24 @@ class EngineWorker:
             for p in batch:
                 self._settle(p, mismatch)
             return
-        self._counters["batches"] += 1
-        self._counters["batched_requests"] += len(batch)
-        self._counters["max_batch"] = max(self._counters["max_batch"], len(batch))
-        now = time.monotonic()
+        self._count_batch(len(batch))
         for p, out in zip(batch, outputs, strict=True):
-            out.latency_s = now - p.enqueued
-            out.weight_version = engine.weight_version
-            out.extra.setdefault("engine_id", self.engine_id)
-            out.extra.setdefault("route_key", self.spec.route_key)
-            out.extra["batch_size"] = len(batch)
-            self._counters["prompt_tokens"] += out.prompt_tokens
-            self._counters["completion_tokens"] += out.completion_tokens
-            self._settle(p, out)
+            self._deliver(engine, p, out, len(batch))
+
+    def _count_batch(self, size: int) -> None:
+        self._counters["batches"] += 1
+        self._counters["batched_requests"] += size
+        self._counters["max_batch"] = max(self._counters["max_batch"], size)
+
+    def _deliver(self, engine: Engine, pending: _Pending, out: EngineOutput, batch: int) -> None:
+        out.latency_s = time.monotonic() - pending.enqueued
+        out.weight_version = engine.weight_version
+        out.extra.setdefault("engine_id", self.engine_id)
+        out.extra.setdefault("route_key", self.spec.route_key)
+        out.extra["batch_size"] = batch
+        self._counters["prompt_tokens"] += out.prompt_tokens
+        self._counters["completion_tokens"] += out.completion_tokens
+        self._settle(pending, out)
 
     def _settle(self, pending: _Pending, result: EngineOutput | BaseException) -> None:
         if pending.future.done():
@@ -417,12 +432,15 @@ def create_engine_worker(
     namespace: str | None = None,
     max_restarts: int = 0,
     worker_kwargs: dict[str, Any] | None = None,
+    shared_gpu: bool = False,
 ) -> Any:
     """Create (not start) the Ray actor for engine ``engine_index`` of ``spec``.
 
     Call ``await handle.start.remote()`` next. GPUs: ``spec.num_gpus_per_engine`` when the cluster
     has GPUs (logical ones count), else 0; pass ``num_gpus`` to share a bundle (e.g. 0.2 for a
     colocated judge). With ``placement_group`` the actor goes into ``bundle_index`` of it.
+    ``shared_gpu``: another inference engine's memory lives on the same GPUs (the shared
+    layout); an SGLang engine then needs ``engine_config.mem_fraction_static``.
     """
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -448,5 +466,9 @@ def create_engine_worker(
         )
     elif bundle_index is not None:
         raise EngineError("create_engine_worker: bundle_index given without placement_group")
+    from genrm_serve.engines.sglang import engine_actor_options
+
+    # The SGLang engine's environment (its own interpreter, every GPU of the node visible).
+    options.update(engine_actor_options(spec, shared_gpu=shared_gpu))
     cls = _remote_worker_class()
     return cls.options(**options).remote(spec, engine_index, **(worker_kwargs or {}))

@@ -1,0 +1,486 @@
+"""The SGLang engine against what SGLang's source does, one test per behaviour it must handle.
+
+``FakeSGLangEngine`` models each behaviour (its docstrings name the SGLang file and function);
+every test here failed on the engine written against the fake that did not model them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genrm_client.types import SamplingParams
+from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
+from genrm_serve.engines import sglang as sglang_mod
+from genrm_serve.engines import worker as worker_mod
+from genrm_serve.engines.base import (
+    EngineBatchError,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    PromptTooLongError,
+)
+from genrm_serve.engines.sglang import (
+    ENGINE_ENV,
+    MEMORY_TAGS,
+    SGLangEngine,
+    SGLangPlacement,
+    device_kwargs,
+    engine_actor_options,
+    sglang_sampling_params,
+)
+from genrm_serve.engines.worker import EngineWorker, create_engine_worker
+from genrm_serve.testing import FakeSGLangEngine, build_tiny_model
+
+CONTEXT = 64  # max_context_len of the engines here: SGLang's max_req_input_len is 64 - 1 - 5
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _spec(model_dir: Path | str = "/m", per_engine: int = 1, **engine_config: Any) -> InstanceSpec:
+    return InstanceSpec(
+        route_key="judge",
+        model_path=str(model_dir),
+        num_gpus=per_engine,
+        num_gpus_per_engine=per_engine,
+        engine="sglang",
+        engine_config=EngineConfig(max_context_len=CONTEXT, **engine_config),
+    )
+
+
+def _req(n_tokens: int, first: int = 10, **sampling: Any) -> EngineRequest:
+    """A request of exactly ``n_tokens`` prompt tokens (ids inside the tiny vocabulary)."""
+    sampling.setdefault("max_response_len", 4)
+    return EngineRequest(
+        sampling=SamplingParams(**sampling).merged_over(DEFAULT_SAMPLING),
+        prompt_token_ids=[first + i % 50 for i in range(n_tokens)],
+        return_tokens=True,
+    )
+
+
+Started = tuple[SGLangEngine, FakeSGLangEngine]
+
+
+@pytest.fixture
+async def start(tiny_dir: Path) -> AsyncIterator[Any]:
+    """``await start(**engine_config)`` → a started engine over the fake; shut down after."""
+    engines: list[SGLangEngine] = []
+
+    async def make(
+        per_engine: int = 1, placement: SGLangPlacement | None = None, **engine_config: Any
+    ) -> Started:
+        where = {"placement": placement} if placement is not None else {}
+        engine = SGLangEngine(
+            _spec(tiny_dir, per_engine, **engine_config),
+            "judge/0",
+            engine_cls=FakeSGLangEngine,
+            **where,
+        )
+        engines.append(engine)
+        await engine.start()
+        return engine, engine.sgl
+
+    yield make
+    for engine in engines:
+        await engine.shutdown()
+
+
+# -- 1. sleep / wake keeps a judge's weights -----------------------------------------------------
+async def test_the_fake_loses_weights_on_resume_without_cpu_backup(tiny_dir: Path) -> None:
+    def run() -> tuple[list[int], list[int]]:
+        fake = FakeSGLangEngine(model_path=str(tiny_dir), context_length=CONTEXT,
+                                enable_memory_saver=True)  # fmt: skip
+        try:
+            params = {"max_new_tokens": 3, "temperature": 0.0}
+            before = fake.generate(input_ids=[11, 12, 13], sampling_params=params)["output_ids"]
+            while not fake.flush_cache().success:  # the finished request leaves the batch
+                time.sleep(0.01)
+            fake.release_memory_occupation(tags=["weights"])
+            fake.resume_memory_occupation(tags=["weights"])
+            after = fake.generate(input_ids=[11, 12, 13], sampling_params=params)["output_ids"]
+            return before, after
+        finally:
+            fake.shutdown()
+
+    before, after = await asyncio.to_thread(run)
+    assert before != after  # fresh pages after resume: only buffers are restored
+
+
+async def test_sleep_wake_keeps_the_judges_weights(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FakeSGLangEngine, "step_s", 0.0)  # weights only (flush: item 2)
+    engine, fake = await start()
+    before = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
+    await engine.sleep()
+    await engine.wake()
+    after = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
+    assert after == before and fake.weights_valid
+    assert fake.server_args["enable_weights_cpu_backup"] is True
+
+
+# -- 2. flush_cache retried until it succeeds, under a deadline ----------------------------------
+async def test_sleep_retries_flush_until_sglang_is_idle(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FakeSGLangEngine, "step_s", 0.6)
+    monkeypatch.setattr(sglang_mod, "FLUSH_RETRY_S", 0.2)
+    engine, fake = await start()
+    await engine.generate([_req(5)])
+    await engine.sleep()  # right after a request: it is still in SGLang's running batch
+    assert fake.calls.count("flush_cache") >= 2 and engine.stats()["flush_retries"] >= 1
+    assert not fake.dead and fake.released == set(MEMORY_TAGS)
+
+
+async def test_sleep_gives_up_after_the_flush_deadline(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FakeSGLangEngine, "step_s", 30.0)
+    monkeypatch.setattr(sglang_mod, "FLUSH_DEADLINE_S", 0.3)
+    monkeypatch.setattr(sglang_mod, "FLUSH_RETRY_S", 0.1)
+    engine, fake = await start()
+    await engine.generate([_req(5)])
+    with pytest.raises(EngineError, match="flush_cache still failing"):
+        await engine.sleep()
+    assert "release_memory_occupation" not in fake.calls and not fake.dead
+    assert engine.state == "awake"
+
+
+# -- 3. context limits from get_server_info; over-long prompts refused per request ----------------
+async def test_limits_come_from_the_running_sglang(start: Any) -> None:
+    engine, fake = await start()
+    assert "get_server_info" in fake.calls
+    assert (engine.context_len, engine.prompt_limit) == (CONTEXT, CONTEXT - 6)
+    ok = await engine.generate([_req(CONTEXT - 6, max_response_len=100)])
+    # prompt + new tokens stay below context_len (tokenizer_manager refuses ==)
+    assert ok[0].finish_reason in {"stop", "length"} and ok[0].extra.get("abort") is None
+    for n in (CONTEXT - 5, CONTEXT - 1, CONTEXT):
+        with pytest.raises(PromptTooLongError, match="max_req_input_len=58"):
+            await engine.generate([_req(n)])
+
+
+async def test_one_over_long_prompt_does_not_fail_its_batch(start: Any) -> None:
+    engine, _fake = await start()
+    with pytest.raises(EngineBatchError) as info:
+        await engine.generate([_req(10), _req(CONTEXT - 4), _req(20)])
+    first, long, last = info.value.results
+    assert isinstance(first, EngineOutput) and isinstance(last, EngineOutput)
+    assert isinstance(long, PromptTooLongError) and long.prompt_tokens == CONTEXT - 4
+
+
+async def test_the_worker_answers_413_for_one_and_serves_the_others(tiny_dir: Path) -> None:
+    engine = SGLangEngine(_spec(tiny_dir), "judge/0", engine_cls=FakeSGLangEngine)
+    worker = EngineWorker(_spec(tiny_dir), 0, engine=engine, batch_wait_s=0.05)
+    await worker.start()
+    try:
+        results = await asyncio.gather(
+            worker.generate(_req(10)),
+            worker.generate(_req(CONTEXT - 2)),
+            worker.generate(_req(30)),
+            return_exceptions=True,
+        )
+        stats = await worker.stats()
+    finally:
+        await worker.shutdown()
+    assert isinstance(results[0], EngineOutput) and isinstance(results[2], EngineOutput)
+    assert isinstance(results[1], PromptTooLongError)
+    assert stats["batches"] == 1 and stats["max_batch"] == 3  # one batch: nothing re-run
+
+
+# -- 4. any per-request SGLang error stays with its request --------------------------------------
+async def test_a_request_sglang_refuses_fails_alone(start: Any) -> None:
+    engine, _fake = await start()
+    bad = _req(6, first=100_000)  # token ids beyond the vocabulary: SGLang raises ValueError
+    with pytest.raises(EngineBatchError) as info:
+        await engine.generate([_req(8), bad, _req(9)])
+    good1, err, good2 = info.value.results
+    assert isinstance(good1, EngineOutput) and isinstance(good2, EngineOutput)
+    assert isinstance(err, EngineError) and "vocabulary" in str(err)
+    with pytest.raises(EngineError, match="vocabulary"):
+        await engine.generate([bad])  # alone: its own error, not a batch error
+
+
+# -- 5. per-request seed: honoured with deterministic inference, else refused ---------------------
+async def test_seed_needs_deterministic_inference(start: Any) -> None:
+    engine, fake = await start()
+    with pytest.raises(EngineError, match="deterministic_inference=true"):
+        await engine.generate([_req(8, temperature=0.7, seed=3)])
+    assert "enable_deterministic_inference" not in fake.server_args
+    greedy = await engine.generate([_req(8, temperature=0.0, seed=3)])  # greedy: seed moot
+    assert greedy[0].completion_tokens > 0
+
+
+async def test_seed_is_honoured_with_deterministic_inference(start: Any) -> None:
+    engine, fake = await start(deterministic_inference=True)
+    assert fake.server_args["enable_deterministic_inference"] is True
+
+    async def tokens(seed: int) -> list[int]:
+        out = await engine.generate([_req(8, temperature=0.9, seed=seed, max_response_len=4)])
+        return list(out[0].token_ids or [])
+
+    assert await tokens(3) == await tokens(3)
+    assert await tokens(3) != await tokens(4)
+
+
+# -- 6. top_k <= 0 means off: sent as -1 ---------------------------------------------------------
+async def test_top_k_zero_is_off(start: Any) -> None:
+    assert sglang_sampling_params(SamplingParams(top_k=0, temperature=1.0), 4)["top_k"] == -1
+    engine, _fake = await start()
+    out = await engine.generate([_req(8, temperature=0.8, top_k=0)])
+    assert out[0].completion_tokens > 0
+
+
+# -- 7. multi-GPU engines: devices from the placement ---------------------------------------------
+@pytest.mark.parametrize(
+    ("gpus", "assigned", "noset", "expected"),
+    [
+        pytest.param(1, [3], False, {"base_gpu_id": 0, "gpu_id_step": 1}, id="ray-renumbered"),
+        pytest.param(2, [4], True, {"base_gpu_id": 4, "gpu_id_step": 1}, id="first-bundle"),
+        pytest.param(2, [3, 2], True, {"base_gpu_id": 2, "gpu_id_step": 1}, id="whole-bundle"),
+        pytest.param(4, [1, 3, 5, 7], True, {"base_gpu_id": 1, "gpu_id_step": 2}, id="stepped"),
+    ],
+)
+def test_device_kwargs(
+    gpus: int, assigned: list[int], noset: bool, expected: dict[str, int]
+) -> None:
+    assert device_kwargs(gpus, assigned, sees_all_gpus=noset) == expected
+
+
+@pytest.mark.parametrize(
+    ("gpus", "assigned", "noset", "placement", "message"),
+    [
+        pytest.param(2, [0], False, None, "sees 1", id="one-visible-gpu"),
+        pytest.param(3, [0, 1, 5], True, None, "not evenly spaced", id="uneven"),
+        pytest.param(8, [0], True, SGLangPlacement(nnodes=2), "dist_init_addr", id="no-addr"),
+    ],
+)
+def test_device_kwargs_errors(
+    gpus: int, assigned: list[int], noset: bool, placement: SGLangPlacement | None, message: str
+) -> None:
+    with pytest.raises(EngineError, match=message):
+        device_kwargs(gpus, assigned, sees_all_gpus=noset, placement=placement)
+
+
+async def test_a_two_gpu_engine_drives_its_bundles_gpus(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setattr(sglang_mod, "_assigned_gpus", lambda: [6])  # its first bundle
+    _engine, fake = await start(per_engine=2, mem_fraction_static=0.4)
+    assert (fake.server_args["base_gpu_id"], fake.server_args["gpu_id_step"]) == (6, 1)
+    assert fake.devices == [6, 7] and fake.server_args["tp_size"] == 2
+
+
+async def test_node_rank_one_of_a_two_node_engine(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SGLANG_BLOCK_NONZERO_RANK_CHILDREN", "1")
+    where = SGLangPlacement(base_gpu_id=0, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000")
+    engine, fake = await start(per_engine=16, placement=where)
+    assert fake.server_args["nnodes"] == 2 and fake.server_args["node_rank"] == 1
+    assert fake.devices == list(range(8))  # 8 of the engine's 16 GPUs on this node
+    with pytest.raises(EngineError, match="node_rank 0 serves"):
+        await engine.generate([_req(5)])
+    await engine.sleep()  # rank 0's release reaches this node's schedulers
+    assert engine.state == "asleep" and "release_memory_occupation" not in fake.calls
+
+
+def test_create_engine_worker_gives_sglang_actors_all_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    seen: dict[str, Any] = {}
+
+    class Recorder:
+        def options(self, **options: Any) -> Recorder:
+            seen.update(options)
+            return self
+
+        def remote(self, *args: Any, **kwargs: Any) -> str:
+            return "handle"
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(worker_mod, "_cluster_has_gpus", lambda: True)
+    monkeypatch.setattr(worker_mod, "_remote_worker_class", lambda: Recorder())
+    spec = _spec(per_engine=2, python_executable="/envs/sglang/bin/python")
+    assert create_engine_worker(spec, 0) == "handle"
+    assert seen["num_gpus"] == 2.0
+    env = seen["runtime_env"]["env_vars"]
+    assert env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "true"
+    assert seen["runtime_env"]["py_executable"] == "/envs/sglang/bin/python"
+
+
+def test_python_executable_applies_to_any_engine_and_env_only_to_sglang() -> None:
+    hf = _spec(python_executable="/envs/x/bin/python").model_copy(update={"engine": "hf"})
+    assert engine_actor_options(hf) == {"runtime_env": {"py_executable": "/envs/x/bin/python"}}
+    assert engine_actor_options(_spec()) == {"runtime_env": {"env_vars": dict(ENGINE_ENV)}}
+
+
+@pytest.mark.slow
+def test_ray_starts_an_sglang_engine_actor_with_its_options(tiny_dir: Path) -> None:
+    from genrm_serve.testing import ray_test_env
+
+    ray_test_env()
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:  # py_executable and env_vars are runtime_env keys this Ray accepts
+        spec = _spec(tiny_dir, python_executable=sys.executable)
+        handle = create_engine_worker(spec, 0, num_cpus=0.1)
+        info = ray.get(handle.info.remote(), timeout=180)
+        assert info["engine_id"] == "judge/0" and info["pid"] != os.getpid()
+    finally:
+        ray.shutdown()
+
+
+# -- 8. health probes generation; a dead SGLang child is reported, not a silent death ------------
+async def test_health_probe_catches_a_hung_sglang(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sglang_mod, "HEALTH_PROBE_TIMEOUT_S", 0.3)
+    engine, fake = await start()
+    await engine.check_health()  # probes: answers
+    fake.hang = True
+    await asyncio.sleep(0.35)  # past the last answer's window
+    with pytest.raises(EngineError, match="health probe"):
+        await engine.check_health()
+
+
+_SIGQUIT_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys, threading
+    from genrm_serve.config import EngineConfig, InstanceSpec
+    from genrm_serve.engines.sglang import SGLangEngine
+    from genrm_serve.testing import FakeSGLangEngine
+
+    spec = InstanceSpec(route_key="judge", model_path=sys.argv[1], num_gpus=1, engine="sglang",
+                        engine_config=EngineConfig(max_context_len=64))
+
+    async def run():
+        engine = SGLangEngine(spec, "judge/0", engine_cls=FakeSGLangEngine)
+        await engine.start()
+        engine.sgl.crash_scheduler()  # the scheduler dies and SIGQUITs this process
+        await asyncio.sleep(1.5)
+        try:
+            await engine.check_health()
+            print("HEALTHY")
+        except Exception as err:
+            print("REPORTED:", err, "| state:", engine.state)
+        await engine.shutdown()
+
+    if sys.argv[2] == "main":
+        asyncio.run(run())
+    else:  # as in a Ray async actor: not the main thread
+        t = threading.Thread(target=lambda: asyncio.run(run()))
+        t.start()
+        t.join()
+    print("SURVIVED")
+    """
+)
+
+
+@pytest.mark.parametrize("thread", ["main", "other"], ids=["main-thread", "actor-thread"])
+def test_a_dead_sglang_child_is_reported_not_a_silent_death(tiny_dir: Path, thread: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGQUIT_SCRIPT, str(tiny_dir), thread],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "SURVIVED" in proc.stdout and "REPORTED:" in proc.stdout, proc.stdout
+    assert "state: failed" in proc.stdout
+
+
+# -- 9. SGLang's logging.basicConfig(force=True) does not wipe ours ------------------------------
+async def test_our_logging_survives_sglang_start(start: Any) -> None:
+    root = logging.getLogger()
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    handler, level = Keep(), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        await start()
+        assert handler in root.handlers and root.level == logging.INFO
+        logging.getLogger("genrm_serve.tests").info("still ours")
+        assert "still ours" in records
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+# -- 10. every request in flight reaches SGLang together (async_generate) ------------------------
+async def test_concurrent_batches_reach_sglang_together(start: Any) -> None:
+    engine, fake = await start()
+    fake.gate = asyncio.Event()
+    first = asyncio.ensure_future(engine.generate([_req(5), _req(6), _req(7)]))
+    second = asyncio.ensure_future(engine.generate([_req(8), _req(9)]))
+    for _ in range(500):  # up to 10 s for the requests to reach SGLang
+        if fake.in_flight >= 5:
+            break
+        await asyncio.sleep(0.02)
+    seen = fake.in_flight
+    fake.loop.call_soon_threadsafe(fake.gate.set)
+    outs = await asyncio.wait_for(asyncio.gather(first, second), 20)
+    assert seen == 5 and [len(o) for o in outs] == [3, 2]
+    assert "generate" not in fake.calls  # never the synchronous, one-batch-at-a-time call
+
+
+# -- 11. CUDA-graph memory is released on sleep ---------------------------------------------------
+async def test_sleep_releases_cuda_graph_memory(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "unset")
+    monkeypatch.delenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH")
+    engine, fake = await start()
+    assert fake.gpu_bytes_in_use() > 0
+    await engine.sleep()
+    assert "cuda_graph" in fake.released and fake.gpu_bytes_in_use() == 0
+    await engine.wake()
+    assert not fake.released and fake.gpu_bytes_in_use() > 0
+
+
+# -- 12. mem_fraction_static passed; a shared GPU without it refused ------------------------------
+async def test_mem_fraction_static_reaches_sglang(start: Any) -> None:
+    _engine, fake = await start(mem_fraction_static=0.35)
+    assert fake.server_args["mem_fraction_static"] == 0.35
+
+
+def test_a_shared_gpu_without_mem_fraction_is_refused_before_the_actor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(worker_mod, "_cluster_has_gpus", lambda: True)
+    monkeypatch.setattr(worker_mod, "_remote_worker_class", lambda: pytest.fail("created"))
+    with pytest.raises(EngineError, match="mem_fraction_static is not set"):
+        create_engine_worker(_spec(), 0, num_gpus=0.2, shared_gpu=True)
+    assert engine_actor_options(_spec(mem_fraction_static=0.3), shared_gpu=True)
+    assert engine_actor_options(_spec(), shared_gpu=False)  # split layouts: SGLang's default
+
+
+# -- 13. dp_size maps to SGLang's dp-attention only when asked ------------------------------------
+async def test_dp_size_without_dp_attention_is_refused(tiny_dir: Path) -> None:
+    engine = SGLangEngine(_spec(tiny_dir, 4, dp_size=2), "judge/0", engine_cls=FakeSGLangEngine)
+    with pytest.raises(EngineError, match="needs enable_dp_attention=true"):
+        await engine.start()
