@@ -58,6 +58,7 @@ from rl_core.placement.realize import (
     create_judge_engines,
     create_placement_groups,
     place_engines,
+    shares_gpus,
 )
 from rl_core.rewards import PostProcessHook, custom_post_process, defer_swap_post_process
 from rl_core.trainer import GRPOTrainer, RewardSetup
@@ -185,12 +186,19 @@ def resolve_rollout_engine(cfg: TrainConfig) -> str:
     return kind
 
 
-def _on_device(spec: InstanceSpec, device: str) -> InstanceSpec:
-    """``--device cpu``: the engine computes on CPU whatever bundle it sits in."""
-    if device == "auto":
+def _engine_spec(
+    spec: InstanceSpec, device: str, mem_fraction_static: float | None = None
+) -> InstanceSpec:
+    """The spec an engine starts with: ``--device cpu`` computes on CPU whatever bundle the
+    engine sits in, and the plan's memory fraction (e.g. defer-swap's default) is applied."""
+    update: dict[str, Any] = {}
+    if device != "auto":
+        update["device"] = device
+    if mem_fraction_static is not None:
+        update["mem_fraction_static"] = mem_fraction_static
+    if not update:
         return spec
-    config = spec.engine_config.model_copy(update={"device": device})
-    return spec.model_copy(update={"engine_config": config})
+    return spec.model_copy(update={"engine_config": spec.engine_config.model_copy(update=update)})
 
 
 def rollout_spec(cfg: TrainConfig, policy_path: str, engine: str) -> InstanceSpec:
@@ -207,10 +215,9 @@ def rollout_spec(cfg: TrainConfig, policy_path: str, engine: str) -> InstanceSpe
         engine_config=EngineConfig(
             max_batch_size=max(cfg.n_samples_per_prompt, 1) * 4,
             max_context_len=(cfg.rollout_max_prompt_len or 4096) + cfg.rollout_max_response_len,
-            mem_fraction_static=engines[0].mem_fraction_static if engines else None,
         ),
     )
-    return _on_device(spec, cfg.device)
+    return _engine_spec(spec, cfg.device, engines[0].mem_fraction_static if engines else None)
 
 
 async def start_rollout_engines(
@@ -227,6 +234,7 @@ async def start_rollout_engines(
             num_gpus=opts["num_gpus"],
             num_cpus=opts["num_cpus"],
             name=f"{name_prefix}{engine.name}",
+            shared_gpu=shares_gpus(realized.plan),
         )
 
     actors = place_engines(realized, "rollout", make)
@@ -344,7 +352,10 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         judge_actors: dict[str, list[Any]] = {}
         if cfg.genrm_enabled:
             t0 = time.perf_counter()
-            instances = {k: _on_device(s, cfg.device) for k, s in cfg.genrm_instances.items()}
+            instances = {
+                k: _engine_spec(s, cfg.device, plan.judges[k].mem_fraction_static)
+                for k, s in cfg.genrm_instances.items()
+            }
             url, judge_actors = await start_judge_service(realized, instances, stack)
             # reward functions use genrm-client's process-wide client, which reads GENRM_URL
             # when it is created: drop any made before this service existed, and close ours last

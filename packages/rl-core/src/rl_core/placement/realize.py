@@ -45,6 +45,7 @@ __all__ = [
     "create_judge_engines",
     "create_placement_groups",
     "place_engines",
+    "shares_gpus",
 ]
 
 logger = logging.getLogger(__name__)
@@ -288,6 +289,11 @@ def create_placement_groups(
     return realized
 
 
+def shares_gpus(plan: PlacementPlan) -> bool:
+    """Whether rollout and judge engines live on the same GPUs (their memory fractions matter)."""
+    return plan.mode in ("colocate-shared", "colocate-defer-swap")
+
+
 EngineFactory = Callable[[EnginePlacement, dict[str, Any]], Any]
 
 
@@ -334,6 +340,7 @@ def create_judge_engines(
                 num_gpus=opts["num_gpus"],
                 num_cpus=opts["num_cpus"],
                 name=None,
+                shared_gpu=shares_gpus(realized.plan),
             )
 
         out[key] = place_engines(realized, "genrm", make, instance=key)
