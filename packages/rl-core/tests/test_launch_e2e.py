@@ -9,6 +9,7 @@ import pytest
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math
 from rl_core.launch import run_training
+from rl_core.layout import layout_problems
 from rl_core.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -22,8 +23,11 @@ def _write(path, records):
     return path
 
 
-async def test_train_two_steps_from_flags(tmp_path):
+async def test_train_two_steps_from_flags(tmp_path, monkeypatch):
     from genrm_serve.testing import build_tiny_model
+
+    # an authenticated service: rewards and the colocated sleep / wake must send the key
+    monkeypatch.setenv("GENRM_API_KEY", "test-key-123")
 
     model = build_tiny_model(tmp_path / "policy")
     train = _write(tmp_path / "train.jsonl", make_easy_math(8, seed=1, shots=1))
@@ -79,3 +83,6 @@ async def test_train_two_steps_from_flags(tmp_path):
     for name in ("reward.png", "accuracy.png", "length.png", "config.json"):
         assert (tmp_path / "run" / name).is_file()
     assert (tmp_path / "ckpt" / "latest").read_text() == "step_000002"
+    layout = json.loads((tmp_path / "run" / "layout.json").read_text())
+    assert layout_problems(layout) == []
+    assert {a["role"] for a in layout["actors"]} == {"actor", "rollout", "genrm:__default__"}

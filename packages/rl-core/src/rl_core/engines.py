@@ -13,7 +13,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from typing import Any
 
-from genrm_serve.engines.base import Engine, EngineOutput, EngineRequest
+from genrm_serve import Engine, EngineOutput, EngineRequest
 
 #: Deadline of one engine call (generate of a batch, sleep, wake, weight update).
 ENGINE_CALL_TIMEOUT_S = 1800.0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genrm_client.types import SamplingParams
-from genrm_serve.engines.base import EngineOutput, EngineRequest
+from genrm_serve import EngineOutput, EngineRequest
 from rl_core.data import PromptRecord
 from rl_core.engines import EngineHandle
 from rl_core.sample import Sample

@@ -38,7 +38,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from genrm_serve.config import InstanceSpec
+from genrm_serve import InstanceSpec
 from rl_core.placement.errors import PlacementError
 
 __all__ = [

@@ -35,7 +35,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from genrm_serve.config import InstanceSpec
+from genrm_serve import InstanceSpec
 from rl_core.placement.errors import PlacementUnavailableError
 from rl_core.placement.plan import EnginePlacement, GroupPlan, PlacementPlan
 
@@ -322,7 +322,7 @@ def create_judge_engines(
     realized: RealizedPlacement, instances: Mapping[str, InstanceSpec]
 ) -> dict[str, list[Any]]:
     """The judge engines (genrm-serve's ``EngineWorker`` actors) in the bundles of the plan."""
-    from genrm_serve.engines.worker import create_engine_worker
+    from genrm_serve import create_engine_worker
 
     out: dict[str, list[Any]] = {}
     for key, spec in instances.items():
