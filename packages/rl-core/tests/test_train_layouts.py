@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 from ray.cluster_utils import Cluster
+from ray_clusters import logical_gpu_cluster
 
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math
@@ -34,23 +34,8 @@ _NODE = {"num_cpus": 16, "num_gpus": 8}  # logical CPUs and GPUs, not real cores
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            **_NODE,
-            "include_dashboard": True,  # Ray's state API answers through the dashboard
-            "_system_config": {
-                "prestart_worker_first_driver": False,
-                "enable_worker_prestart": False,
-            },
-        },
-    )
-    try:
-        ray.init(address=c.address, log_to_driver=False)
+    with logical_gpu_cluster(dashboard=True, **_NODE) as c:  # the state API needs the dashboard
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,6 @@ from genrm_serve import (
     ServeArgs,
     apply_ray_env_defaults,
     build_app,
-    create_engine_worker,
     deploy,
     resolve_model_path,
     wait_until_healthy,
@@ -55,10 +54,9 @@ from rl_core.placement import (
 )
 from rl_core.placement.realize import (
     RealizedPlacement,
+    create_engine_workers,
     create_judge_engines,
     create_placement_groups,
-    place_engines,
-    shares_gpus,
 )
 from rl_core.rewards import PostProcessHook, custom_post_process, defer_swap_post_process
 from rl_core.trainer import GRPOTrainer, RewardSetup
@@ -224,20 +222,7 @@ async def start_rollout_engines(
     realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str
 ) -> list[RayEngineHandle]:
     """One engine actor per rollout engine of the plan, in its bundles, started concurrently."""
-
-    def make(engine: Any, opts: dict[str, Any]) -> Any:
-        return create_engine_worker(
-            spec,
-            engine.index,
-            placement_group=opts["placement_group"],
-            bundle_index=opts["bundle_index"],
-            num_gpus=opts["num_gpus"],
-            num_cpus=opts["num_cpus"],
-            name=f"{name_prefix}{engine.name}",
-            shared_gpu=shares_gpus(realized.plan),
-        )
-
-    actors = place_engines(realized, "rollout", make)
+    actors = create_engine_workers(realized, "rollout", spec, name_prefix=name_prefix)
     await asyncio.gather(
         *(asyncio.wait_for(a.start.remote(), ENGINE_START_TIMEOUT_S) for a in actors)
     )
