@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
+
+from rl_core.backends.base import TrainItem
 
 
 def qwen3_config(tied: bool = False):
@@ -47,7 +50,7 @@ def hf_model(cfg, seed: int = 0):
     model = AutoModelForCausalLM.from_config(cfg)
     # Norm gains are 1 at init: randomise them so a swapped norm would show in the round trip.
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.uniform_(0.5, 1.5)
     return model
@@ -56,3 +59,52 @@ def hf_model(cfg, seed: int = 0):
 def save_hf_model(cfg, path: Path, seed: int = 0) -> Path:
     hf_model(cfg, seed).save_pretrained(path)
     return path
+
+
+def train_items():
+    """Four samples of different lengths and advantages (packs into 2-3 per micro-batch)."""
+    return [
+        TrainItem(tokens=[1, 5, 6, 7, 8, 9], response_start=3, advantage=1.0, in_loss=True),
+        TrainItem(tokens=[1, 5, 6, 10, 11], response_start=3, advantage=-1.0, in_loss=True),
+        TrainItem(
+            tokens=[1, 4, 12, 13, 14, 15, 16, 40, 41], response_start=2, advantage=0.5, in_loss=True
+        ),
+        TrainItem(tokens=[1, 7, 30, 31, 32], response_start=2, advantage=-0.5, in_loss=True),
+    ]
+
+
+def two_rank_worker(rank, world, port, path, mode, out):
+    """One rank of a gloo world of two (spawned; lives here so the child can import it)."""
+    import torch.distributed as dist
+
+    from rl_core.backends.base import BackendConfig
+    from rl_core.backends.megatron.backend import MegatronBackend
+    from rl_core.backends.megatron.parallel import MegatronConfig
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        cfg = BackendConfig(
+            lr=0.05, adam_eps=1.0, clip_grad=1e9, max_tokens_per_micro_batch=12, temperature=0.8
+        )
+        items = train_items()
+        if mode == "tp":
+            b = MegatronBackend(
+                path, cfg, MegatronConfig(tensor_model_parallel_size=2), device="cpu"
+            )
+            result = {"logprobs": b.logprobs(items)}
+            metrics = b.train_step(items, old_logprobs=None)
+        else:  # dp: each rank trains on half of the batch, normalised by the global tokens
+            b = MegatronBackend(path, cfg, device="cpu")
+            mine = items[rank::2]
+            total = float(sum(it.response_len for it in items))
+            result = {}
+            metrics = b.train_step(mine, old_logprobs=None, global_tokens=total)
+        result.update(
+            grad_norm=metrics["grad_norm"], weights=b.export_weights(), loss=metrics["loss"]
+        )
+        b.close()
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()

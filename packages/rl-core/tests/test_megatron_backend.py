@@ -6,7 +6,6 @@ Each backend starts a world-of-one gloo group and ``close()`` ends it, so nothin
 other tests; the TP = 2 / DP = 2 cases run in spawned processes.
 """
 
-import os
 import socket
 
 import pytest
@@ -14,22 +13,18 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core (the [megatron] extra) not installed")
 
-from megatron_tiny import llama_config, qwen3_config, save_hf_model  # noqa: E402
+from megatron_tiny import (
+    llama_config,
+    qwen3_config,
+    save_hf_model,
+    train_items,
+    two_rank_worker,
+)
 
-from rl_core.backends.base import BackendConfig, TrainItem  # noqa: E402
-from rl_core.backends.megatron.backend import MegatronBackend, pack_micro_batches  # noqa: E402
-from rl_core.backends.megatron.parallel import MegatronConfig  # noqa: E402
-from rl_core.backends.torch_hf import TorchHFBackend  # noqa: E402
-from rl_core.grpo.loss import LossConfig, grpo_loss  # noqa: E402
-
-
-def _items():
-    return [
-        TrainItem(tokens=[1, 5, 6, 7, 8, 9], response_start=3, advantage=1.0, in_loss=True),
-        TrainItem(tokens=[1, 5, 6, 10, 11], response_start=3, advantage=-1.0, in_loss=True),
-        TrainItem(tokens=[1, 4, 12, 13, 14, 15, 16, 40, 41], response_start=2, advantage=0.5, in_loss=True),
-        TrainItem(tokens=[1, 7, 30, 31, 32], response_start=2, advantage=-0.5, in_loss=True),
-    ]
+from rl_core.backends.base import BackendConfig, TrainItem
+from rl_core.backends.megatron.backend import MegatronBackend, pack_micro_batches
+from rl_core.backends.torch_hf import TorchHFBackend
+from rl_core.grpo.loss import LossConfig, grpo_loss
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +72,12 @@ def test_pack_micro_batches_counts_tokens_not_padding():
 def test_logprobs_equal_the_torch_backend(which, temperature, megatron, request):
     path = request.getfixturevalue(f"{which}_path")
     # a micro-batch budget that packs 2-3 sequences per row and leaves one alone
-    cfg = BackendConfig(temperature=temperature, max_tokens_per_micro_batch=12, logprob_chunk_size=5)
-    want = TorchHFBackend(path, cfg).logprobs(_items())
-    got = megatron(path, cfg).logprobs(_items())
-    for w, g, it in zip(want, got, _items(), strict=True):
+    cfg = BackendConfig(
+        temperature=temperature, max_tokens_per_micro_batch=12, logprob_chunk_size=5
+    )
+    want = TorchHFBackend(path, cfg).logprobs(train_items())
+    got = megatron(path, cfg).logprobs(train_items())
+    for w, g, it in zip(want, got, train_items(), strict=True):
         assert g.shape == (it.response_len,)
         torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
 
@@ -88,13 +85,17 @@ def test_logprobs_equal_the_torch_backend(which, temperature, megatron, request)
 def _loss(logps, old, items):
     lp, ol = torch.cat(logps), torch.cat(old)
     adv = torch.cat([torch.full((it.response_len,), it.advantage) for it in items])
-    return float(grpo_loss(lp, ol, adv, torch.ones_like(lp), LossConfig(), total_tokens=len(lp)).loss)
+    return float(
+        grpo_loss(lp, ol, adv, torch.ones_like(lp), LossConfig(), total_tokens=len(lp)).loss
+    )
 
 
 def test_one_grpo_step_lowers_the_loss_in_both_and_updates_alike(qwen3_path, megatron):
     # adam_eps=1 makes the first Adam step ≈ lr·g/(|g|+1), so the two updates compare gradients
-    cfg = BackendConfig(lr=0.05, adam_eps=1.0, clip_grad=1e9, weight_decay=0.1, max_tokens_per_micro_batch=12)
-    items = _items()
+    cfg = BackendConfig(
+        lr=0.05, adam_eps=1.0, clip_grad=1e9, weight_decay=0.1, max_tokens_per_micro_batch=12
+    )
+    items = train_items()
     torch_b, mega_b = TorchHFBackend(qwen3_path, cfg), megatron(qwen3_path, cfg)
     results = {}
     for name, b in (("torch", torch_b), ("megatron", mega_b)):
@@ -116,14 +117,17 @@ def test_one_grpo_step_lowers_the_loss_in_both_and_updates_alike(qwen3_path, meg
 
 
 def test_norms_and_biases_are_not_decayed(qwen3_path, megatron):
-    b = megatron(qwen3_path, BackendConfig(weight_decay=0.1))
-    groups = {g["weight_decay"]: g["params"] for g in b.optimizer.param_groups}
-    assert all(p.ndim == 1 for p in groups[0.0]) and len(groups[0.0]) == 2 * 4 + 1
-    assert all(p.ndim == 2 for p in groups[0.1])
+    """Zero advantages give zero gradients: the AdamW step is decay alone, on matrices only."""
+    b = megatron(qwen3_path, BackendConfig(lr=0.1, weight_decay=0.5))
+    before = b.export_weights()
+    b.train_step([TrainItem([1, 5, 6, 7, 8], 2, 0.0, True)], old_logprobs=None)
+    for k, v in b.export_weights().items():
+        want = before[k] if v.ndim < 2 else before[k] * (1 - 0.1 * 0.5)
+        torch.testing.assert_close(v, want, atol=1e-7, rtol=0, msg=k)
 
 
 def test_masked_samples_do_not_train(qwen3_path, megatron):
-    items = [TrainItem(it.tokens, it.response_start, it.advantage, False) for it in _items()]
+    items = [TrainItem(it.tokens, it.response_start, it.advantage, False) for it in train_items()]
     b = megatron(qwen3_path, BackendConfig(lr=1e-2))
     before = b.export_weights()
     metrics = b.train_step(items, old_logprobs=None)
@@ -135,8 +139,8 @@ def test_masked_samples_do_not_train(qwen3_path, megatron):
 def test_global_tokens_normalise_the_loss(qwen3_path, megatron):
     """A data-parallel rank divides by the global batch's tokens, not its own."""
     b = megatron(qwen3_path, BackendConfig())
-    local = b.train_step(_items(), old_logprobs=None)
-    half = b.train_step(_items(), old_logprobs=None, global_tokens=2 * local["train_tokens"])
+    local = b.train_step(train_items(), old_logprobs=None)
+    half = b.train_step(train_items(), old_logprobs=None, global_tokens=2 * local["train_tokens"])
     assert half["train_tokens"] == 2 * local["train_tokens"]
     assert half["pg_loss"] == pytest.approx(local["pg_loss"] / 2, rel=1e-3)
 
@@ -145,7 +149,7 @@ def test_checkpoint_loads_in_transformers_and_resumes(qwen3_path, megatron, tmp_
     from transformers import AutoModelForCausalLM
 
     cfg = BackendConfig(lr=1e-2)
-    items = _items()
+    items = train_items()
     straight = megatron(qwen3_path, cfg)
     for _ in range(2):
         straight.train_step(items, old_logprobs=None)
@@ -171,44 +175,18 @@ def test_offload_blocks_use_until_onload(qwen3_path, megatron):
     b = megatron(qwen3_path, BackendConfig())
     b.offload()
     with pytest.raises(RuntimeError, match="onload"):
-        b.logprobs(_items())
+        b.logprobs(train_items())
     b.onload()
-    assert len(b.logprobs(_items())) == 4
+    assert len(b.logprobs(train_items())) == 4
 
 
-# --- two processes: tensor parallel and data parallel over gloo ------------------------------------
+# --- two processes: tensor parallel and data parallel over gloo ---------------------------------
 
 
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _worker(rank, world, port, path, mode, out):
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        cfg = BackendConfig(lr=0.05, adam_eps=1.0, clip_grad=1e9, max_tokens_per_micro_batch=12, temperature=0.8)
-        items = _items()
-        if mode == "tp":
-            b = MegatronBackend(path, cfg, MegatronConfig(tensor_model_parallel_size=2), device="cpu")
-            result = {"logprobs": b.logprobs(items)}
-            metrics = b.train_step(items, old_logprobs=None)
-        else:  # dp: each rank trains on half of the batch, normalised by the global tokens
-            b = MegatronBackend(path, cfg, device="cpu")
-            mine = items[rank::2]
-            total = float(sum(it.response_len for it in items))
-            result = {}
-            metrics = b.train_step(mine, old_logprobs=None, global_tokens=total)
-        result.update(grad_norm=metrics["grad_norm"], weights=b.export_weights(), loss=metrics["loss"])
-        b.close()
-        if rank == 0:
-            torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("mode", ["tp", "dp"])
@@ -218,14 +196,21 @@ def test_two_ranks_equal_one(mode, qwen3_path, megatron, tmp_path):
     import torch.multiprocessing as mp
 
     out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(2, _free_port(), str(qwen3_path), mode, str(out)), nprocs=2, join=True)
+    mp.spawn(
+        two_rank_worker,
+        args=(2, _free_port(), str(qwen3_path), mode, str(out)),
+        nprocs=2,
+        join=True,
+    )
     got = torch.load(out, weights_only=False)
-    cfg = BackendConfig(lr=0.05, adam_eps=1.0, clip_grad=1e9, max_tokens_per_micro_batch=12, temperature=0.8)
+    cfg = BackendConfig(
+        lr=0.05, adam_eps=1.0, clip_grad=1e9, max_tokens_per_micro_batch=12, temperature=0.8
+    )
     one = megatron(qwen3_path, cfg)
     if mode == "tp":
-        for g, w in zip(got["logprobs"], one.logprobs(_items()), strict=True):
+        for g, w in zip(got["logprobs"], one.logprobs(train_items()), strict=True):
             torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
-    metrics = one.train_step(_items(), old_logprobs=None)
+    metrics = one.train_step(train_items(), old_logprobs=None)
     assert got["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)
     assert got["loss"] == pytest.approx(metrics["loss"], abs=1e-6)
     for k, v in one.export_weights().items():

@@ -65,11 +65,19 @@ def test_llama_dense_with_llama3_rope_scaling():
     cfg["architectures"] = ["LlamaForCausalLM"]
     args = model_args_from_hf(cfg)
     assert (args.family, args.qk_layernorm, args.head_dim, args.rope_theta) == (
-        "llama", False, 8, 500000.0
+        "llama",
+        False,
+        8,
+        500000.0,
     )
     assert args.rope_scaling_factor is None
-    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    cfg["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     cfg.pop("rope_parameters", None)
     assert model_args_from_hf(cfg).rope_scaling_factor == 32.0
     cfg["rope_scaling"]["high_freq_factor"] = 2.0
@@ -80,11 +88,21 @@ def test_llama_dense_with_llama3_rope_scaling():
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        pytest.param({"architectures": ["MixtralForCausalLM"]}, "MixtralForCausalLM is not supported", id="moe"),
-        pytest.param({"architectures": ["Gemma3ForCausalLM"]}, "Gemma3ForCausalLM is not supported", id="gemma"),
+        pytest.param(
+            {"architectures": ["MixtralForCausalLM"]},
+            "MixtralForCausalLM is not supported",
+            id="moe",
+        ),
+        pytest.param(
+            {"architectures": ["Gemma3ForCausalLM"]},
+            "Gemma3ForCausalLM is not supported",
+            id="gemma",
+        ),
         pytest.param({"hidden_act": "gelu"}, "hidden_act='gelu'", id="activation"),
         pytest.param({"attention_bias": True}, "attention_bias=True", id="attention-bias"),
-        pytest.param({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'", id="yarn"),
+        pytest.param(
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'", id="yarn"
+        ),
     ],
 )
 def test_unsupported_models_are_refused_by_name(change, match):
@@ -99,10 +117,18 @@ def test_flags_parse_into_the_config_model():
     parser = argparse.ArgumentParser()
     add_megatron_args(parser)
     ns = parser.parse_args(
-        ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--transformer-impl", "local"]
+        [
+            "--tensor-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+            "--transformer-impl",
+            "transformer_engine",
+        ]
     )
     cfg = megatron_config_from(ns)
-    assert cfg == MegatronConfig(tensor_model_parallel_size=2, sequence_parallel=True)
+    assert cfg == MegatronConfig(
+        tensor_model_parallel_size=2, sequence_parallel=True, transformer_impl="transformer_engine"
+    )
     assert cfg.data_parallel_size(8) == 4
     assert megatron_config_from({}) == MegatronConfig()
 
@@ -110,9 +136,30 @@ def test_flags_parse_into_the_config_model():
 @pytest.mark.parametrize(
     ("gpus", "cfg", "match"),
     [
-        pytest.param(6, MegatronConfig(tensor_model_parallel_size=4), r"actor GPUs 6 .* 4 × .* 1 = 4", id="not-divisible"),
-        pytest.param(8, MegatronConfig(pipeline_model_parallel_size=2), "--pipeline-model-parallel-size 2", id="pp"),
-        pytest.param(8, MegatronConfig(sequence_parallel=True), "--sequence-parallel needs", id="sp-without-tp"),
+        pytest.param(
+            6,
+            MegatronConfig(tensor_model_parallel_size=4),
+            r"actor GPUs 6 .* 4 × .* 1 = 4",
+            id="not-divisible",
+        ),
+        pytest.param(
+            8,
+            MegatronConfig(pipeline_model_parallel_size=2),
+            "--pipeline-model-parallel-size 2",
+            id="pp",
+        ),
+        pytest.param(
+            8,
+            MegatronConfig(sequence_parallel=True, transformer_impl="transformer_engine"),
+            "--sequence-parallel needs --tensor-model-parallel-size > 1",
+            id="sp-without-tp",
+        ),
+        pytest.param(
+            8,
+            MegatronConfig(tensor_model_parallel_size=2, sequence_parallel=True),
+            "--sequence-parallel needs --transformer-impl transformer_engine",
+            id="sp-with-torch-norms",
+        ),
     ],
 )
 def test_parallel_sizes_are_checked(gpus, cfg, match):
@@ -135,5 +182,7 @@ def test_missing_extra_is_named(monkeypatch):
 
 
 def test_require_megatron_returns_the_version():
-    pytest.importorskip("megatron.core", reason="megatron-core (the [megatron] extra) not installed")
+    pytest.importorskip(
+        "megatron.core", reason="megatron-core (the [megatron] extra) not installed"
+    )
     assert require_megatron().count(".") >= 1

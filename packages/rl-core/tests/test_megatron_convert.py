@@ -42,24 +42,32 @@ def test_tp_shards_interleave_qkv_per_query_group():
     shards = hf_to_megatron(hf, args, 2)
     for rank, shard in enumerate(shards):  # one group per rank
         g = rank
-        want = torch.cat([q[g * hpg * d : (g + 1) * hpg * d], k[g * d : (g + 1) * d], v[g * d : (g + 1) * d]])
+        want = torch.cat(
+            [q[g * hpg * d : (g + 1) * hpg * d], k[g * d : (g + 1) * d], v[g * d : (g + 1) * d]]
+        )
         assert torch.equal(shard["decoder.layers.1.self_attention.linear_qkv.weight"], want)
 
 
 def test_tp_shards_split_swiglu_and_row_parallel_layers():
     args, hf = _hf("llama")
     gate, up = hf["model.layers.0.mlp.gate_proj.weight"], hf["model.layers.0.mlp.up_proj.weight"]
-    down, o = hf["model.layers.0.mlp.down_proj.weight"], hf["model.layers.0.self_attn.o_proj.weight"]
+    down, o = (
+        hf["model.layers.0.mlp.down_proj.weight"],
+        hf["model.layers.0.self_attn.o_proj.weight"],
+    )
     half = args.ffn_hidden_size // 2
     for rank, shard in enumerate(hf_to_megatron(hf, args, 2)):
         rows = slice(rank * half, (rank + 1) * half)
         # fc1 shard is [gate shard; up shard], not a slice of [gate; up]
-        assert torch.equal(shard["decoder.layers.0.mlp.linear_fc1.weight"], torch.cat([gate[rows], up[rows]]))
+        assert torch.equal(
+            shard["decoder.layers.0.mlp.linear_fc1.weight"], torch.cat([gate[rows], up[rows]])
+        )
         # row parallel: the input dimension is split
         assert torch.equal(shard["decoder.layers.0.mlp.linear_fc2.weight"], down[:, rows])
         cols = o.shape[1] // 2
         assert torch.equal(
-            shard["decoder.layers.0.self_attention.linear_proj.weight"], o[:, rank * cols : (rank + 1) * cols]
+            shard["decoder.layers.0.self_attention.linear_proj.weight"],
+            o[:, rank * cols : (rank + 1) * cols],
         )
         # norms are replicated, the vocabulary split
         assert torch.equal(shard["decoder.final_layernorm.weight"], hf["model.norm.weight"])

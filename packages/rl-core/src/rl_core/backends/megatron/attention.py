@@ -14,6 +14,7 @@ means a real token never sees the padding after it, so no mask is needed.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 
 
-class SDPACoreAttention(MegatronModule):
+class SDPACoreAttention(MegatronModule):  # type: ignore[misc]
     """Causal self-attention over this rank's heads (drop-in for ``DotProductAttention``)."""
 
     def __init__(
@@ -70,7 +71,7 @@ class SDPACoreAttention(MegatronModule):
             # [t, heads, d]; one causal call per sequence of the pack.
             bounds = packed_seq_params.cu_seqlens_q.tolist()
             outs = []
-            for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            for start, end in itertools.pairwise(bounds):
                 q, k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (query, key, value))
                 outs.append(self._sdpa(q, k, v)[0].transpose(0, 1))
             out = torch.cat(outs, 0)

@@ -93,6 +93,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Gradients are summed in flat buckets of about this many bytes (few, large collectives).
+_BUCKET_BYTES = 256 * 2**20
+
+
+def _all_reduce_coalesced(tensors: list[torch.Tensor], group: Any) -> None:
+    """Sum ``tensors`` in place over ``group``, flattened into buckets of one dtype."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    bucket: list[torch.Tensor] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal bucket, size
+        if bucket:
+            flat = _flatten_dense_tensors(bucket)  # type: ignore[no-untyped-call]
+            dist.all_reduce(flat, group=group)
+            synced = _unflatten_dense_tensors(flat, bucket)  # type: ignore[no-untyped-call]
+            for t, s in zip(bucket, synced, strict=True):
+                t.copy_(s)
+        bucket, size = [], 0
+
+    for t in tensors:
+        if bucket and (
+            t.dtype != bucket[0].dtype or size + t.numel() * t.element_size() > _BUCKET_BYTES
+        ):
+            flush()
+        bucket.append(t)
+        size += t.numel() * t.element_size()
+    flush()
+
+
 @contextlib.contextmanager
 def _cpu_device_redirect(device: torch.device) -> Iterator[None]:
     """On CPU, answer Megatron's ``torch.cuda.current_device()`` (RoPE, buffers) with "cpu".
@@ -193,7 +224,9 @@ class MegatronBackend(TrainingBackend):
 
         from rl_core.backends.megatron.attention import SDPACoreAttention
 
-        spec = get_gpt_layer_local_spec(qk_layernorm=self.args.qk_layernorm, normalization="RMSNorm")
+        spec = get_gpt_layer_local_spec(
+            qk_layernorm=self.args.qk_layernorm, normalization="RMSNorm"
+        )
         spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
         return spec
 
@@ -263,7 +296,10 @@ class MegatronBackend(TrainingBackend):
             emb = model.embedding(input_ids=ids, position_ids=None)  # [t(/tp), 1, h]
             rope = model.rotary_pos_emb(max(lengths), packed_seq=True)
             hidden = model.decoder(
-                hidden_states=emb, attention_mask=None, rotary_pos_emb=rope, packed_seq_params=packed
+                hidden_states=emb,
+                attention_mask=None,
+                rotary_pos_emb=rope,
+                packed_seq_params=packed,
             )
             if self.parallel.sequence_parallel:
                 hidden = tensor_parallel.gather_from_sequence_parallel_region(hidden)
@@ -382,7 +418,7 @@ class MegatronBackend(TrainingBackend):
         self.step += 1
         self.model.eval()
         if self.dp_size > 1:  # every rank reports the global batch's metrics
-            t = torch.tensor(list(sums.values()) + [local_tokens, float(n_micro)], device=self.device)
+            t = torch.tensor([*sums.values(), float(n_micro)], device=self.device)
             dist.all_reduce(t, group=self.dp_group)
             sums = dict(zip(sums, t[: len(sums)].tolist(), strict=True))
             n_micro = int(t[-1])
@@ -401,25 +437,36 @@ class MegatronBackend(TrainingBackend):
         dist.all_reduce(t, group=self.dp_group)
         return bool(t.item() > 0)
 
+    def _tp_partial(self, name: str, param: torch.Tensor) -> bool:
+        """A replicated weight whose gradient each TP rank holds only a part of: q/k norms (each
+        rank normalises its own heads) and, with sequence parallelism, the norms (each rank sees
+        its slice of the sequence). Megatron sums these over TP (finalize_model_grads)."""
+        if self.tp_size == 1:
+            return False
+        if self.args.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name):
+            return True
+        return self.parallel.sequence_parallel and bool(getattr(param, "sequence_parallel", False))
+
     def _reduce_and_clip(self) -> float:
-        """Sum gradients over data parallel (and sequence-parallel norm grads over TP), then
-        clip by the global norm; returns the norm before clipping."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        """Sum gradients over data parallel (and partial replicated ones over TP), then clip by
+        the global norm; returns the norm before clipping."""
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         if self.dp_size > 1:
-            for p in params:
-                dist.all_reduce(p.grad, group=self.dp_group)
-        if self.parallel.sequence_parallel:
-            for p in params:
-                if getattr(p, "sequence_parallel", False):
-                    dist.all_reduce(p.grad, group=self.tp_group)
+            _all_reduce_coalesced([p.grad for p in params], self.dp_group)
+        partial = [p.grad for n, p in named if self._tp_partial(n, p)]
+        if partial:
+            _all_reduce_coalesced(partial, self.tp_group)
         sharded = torch.zeros((), device=self.device)
         replicated = torch.zeros((), device=self.device)
-        for p in params:
+        for n, p in named:
             sq = p.grad.detach().float().pow(2).sum()
-            if getattr(p, "tensor_model_parallel", False):
+            # by name, not Megatron's ``tensor_model_parallel`` attribute: that one is only set
+            # by its weight initialisation, which a model loaded from HF weights skips
+            if megatron_param_kinds(n) != "replicated":
                 sharded += sq
             else:
                 replicated += sq
@@ -514,9 +561,13 @@ class MegatronBackend(TrainingBackend):
         hf = self.export_weights()
         if rank == 0:
             (tmp / "model").mkdir(parents=True, exist_ok=True)
-            save_file({k: v.contiguous() for k, v in hf.items()}, str(tmp / "model" / "model.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in hf.items()}, str(tmp / "model" / "model.safetensors")
+            )
             self.hf_config.save_pretrained(tmp / "model")
-            (tmp / "state.json").write_text(json.dumps({"step": self.step, "extra": extra}, indent=1))
+            (tmp / "state.json").write_text(
+                json.dumps({"step": self.step, "extra": extra}, indent=1)
+            )
         if dist.get_world_size() > 1:
             dist.barrier()
         torch.save(
@@ -537,14 +588,19 @@ class MegatronBackend(TrainingBackend):
         if not (path / "state.json").is_file():
             raise FileNotFoundError(f"--load {path}: not a checkpoint (no state.json)")
         shard = hf_to_megatron(
-            load_hf_state_dict(path / "model"), self.args, self.tp_size, fused_norms=self._fused_norms
+            load_hf_state_dict(path / "model"),
+            self.args,
+            self.tp_size,
+            fused_norms=self._fused_norms,
         )[self.tp_rank]
         with torch.no_grad():
             own = dict(self.model.named_parameters())
             for k, v in shard.items():
                 own[k].copy_(v)
         opt = torch.load(
-            path / f"optimizer_rank{dist.get_rank():05d}.pt", map_location=self.device, weights_only=False
+            path / f"optimizer_rank{dist.get_rank():05d}.pt",
+            map_location=self.device,
+            weights_only=False,
         )
         self.optimizer.load_state_dict(opt["optimizer"])
         torch.set_rng_state(opt["rng"])

@@ -69,7 +69,11 @@ def _rope(cfg: Any) -> tuple[float, dict[str, Any]]:
 
 
 # Megatron's Llama 3 scaling hard-codes these; any other value would be a different RoPE.
-_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_LLAMA3_FIXED = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def model_args_from_hf(cfg: Any) -> MegatronModelArgs:
@@ -114,7 +118,9 @@ def model_args_from_hf(cfg: Any) -> MegatronModelArgs:
     if rope["rope_type"] == "llama3":
         for key, want in _LLAMA3_FIXED.items():
             if key in rope and float(rope[key]) != want:
-                raise refuse(f"rope_scaling.{key}", rope[key], f"Megatron's Llama 3 RoPE uses {want}")
+                raise refuse(
+                    f"rope_scaling.{key}", rope[key], f"Megatron's Llama 3 RoPE uses {want}"
+                )
         factor = float(rope.get("factor", 8.0))
     elif rope["rope_type"] != "default":
         raise refuse("rope_scaling.rope_type", rope["rope_type"], "only default and llama3 RoPE")

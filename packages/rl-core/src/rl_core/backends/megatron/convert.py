@@ -76,12 +76,18 @@ def _take(hf: Tensors, name: str) -> torch.Tensor:
         raise KeyError(f"HF checkpoint has no weight {name!r}") from None
 
 
-def _qkv_groups(args: MegatronModelArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _qkv_groups(
+    args: MegatronModelArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
     """q/k/v (weights ``[out, hidden]`` or biases ``[out]``) → ``[groups, (hpg + 2) * d, ...]``."""
     g, d = args.num_query_groups, args.head_dim
     rest = q.shape[1:]
     return torch.cat(
-        [q.reshape(g, args.heads_per_group * d, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest)],
+        [
+            q.reshape(g, args.heads_per_group * d, *rest),
+            k.reshape(g, d, *rest),
+            v.reshape(g, d, *rest),
+        ],
         dim=1,
     )
 
@@ -105,7 +111,9 @@ def hf_to_megatron(
             q, k, v = (_take(hf, f"{hf_l}self_attn.{p}_proj.{kind}") for p in "qkv")
             grouped = _qkv_groups(args, q, k, v)
             for shard, part in zip(shards, torch.chunk(grouped, tp_size, 0), strict=True):
-                shard[f"{mg_l}self_attention.linear_qkv.{kind}"] = part.reshape(-1, *q.shape[1:]).clone()
+                shard[f"{mg_l}self_attention.linear_qkv.{kind}"] = part.reshape(
+                    -1, *q.shape[1:]
+                ).clone()
         gate = torch.chunk(_take(hf, hf_l + "mlp.gate_proj.weight"), tp_size, 0)
         up = torch.chunk(_take(hf, hf_l + "mlp.up_proj.weight"), tp_size, 0)
         for shard, g_part, u_part in zip(shards, gate, up, strict=True):
@@ -113,7 +121,9 @@ def hf_to_megatron(
     return shards
 
 
-def megatron_to_hf(shards: list[Tensors], args: MegatronModelArgs, *, fused_norms: bool = False) -> Tensors:
+def megatron_to_hf(
+    shards: list[Tensors], args: MegatronModelArgs, *, fused_norms: bool = False
+) -> Tensors:
     """The HF state dict from every TP rank's Megatron state dict (``shards[r]`` = rank r).
 
     A tied model gets no ``lm_head.weight`` (transformers ties it to the embedding on load,

@@ -50,11 +50,11 @@ def _chunk_vocab_parallel(
         gmax = logits.max(-1).values
         dist.all_reduce(gmax, op=dist.ReduceOp.MAX, group=group)
     shifted = logits - gmax.unsqueeze(-1)  # the max is a constant: no gradient through it
-    sum_exp = _AllReduce.apply(shifted.exp().sum(-1), group)
+    sum_exp = _AllReduce.apply(shifted.exp().sum(-1), group)  # type: ignore[no-untyped-call]
     local = targets - vocab_start
     mine = (local >= 0) & (local < weight.shape[0])
     picked = shifted.gather(-1, local.clamp(0, weight.shape[0] - 1).unsqueeze(-1)).squeeze(-1)
-    target_logit = _AllReduce.apply(picked * mine, group)
+    target_logit = _AllReduce.apply(picked * mine, group)  # type: ignore[no-untyped-call]
     lse = torch.log(sum_exp)
     logp = target_logit - lse
     with torch.no_grad():
@@ -78,7 +78,9 @@ def vocab_parallel_token_logprobs(
     """Log-probs and entropies of ``targets`` ``[N]`` given ``hidden`` ``[N, H]`` (full sequence
     on every TP rank) and this rank's rows of the output layer ``weight`` ``[V / tp, H]``."""
     if tp_group is None or dist.get_world_size(tp_group) == 1:
-        return token_logprobs(hidden, weight, targets, temperature=temperature, chunk_size=chunk_size)
+        return token_logprobs(
+            hidden, weight, targets, temperature=temperature, chunk_size=chunk_size
+        )
     vocab_start = tp_rank * weight.shape[0]
     outs, ents = [], []
     for start in range(0, hidden.shape[0], chunk_size):

@@ -71,8 +71,13 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> None:
 
 def megatron_config_from(values: Any) -> MegatronConfig:
     """Build the config from a namespace, a mapping or a ``TrainConfig`` with the same fields."""
-    get = values.get if isinstance(values, dict) else lambda k, d: getattr(values, k, d)
-    return MegatronConfig(**{k: get(k, MegatronConfig.model_fields[k].default) for k in MEGATRON_FIELDS})
+    found: dict[str, Any] = {}
+    for k in MEGATRON_FIELDS:
+        default = MegatronConfig.model_fields[k].default
+        found[k] = (
+            values.get(k, default) if isinstance(values, dict) else getattr(values, k, default)
+        )
+    return MegatronConfig(**found)
 
 
 def check_parallel_sizes(actor_gpus: int, cfg: MegatronConfig) -> None:
@@ -91,6 +96,11 @@ def check_parallel_sizes(actor_gpus: int, cfg: MegatronConfig) -> None:
             f"actor GPUs {actor_gpus} must be a multiple of --tensor-model-parallel-size {tp} × "
             f"--pipeline-model-parallel-size {pp} = {tp * pp} (data parallel = actor GPUs / "
             "(TP × PP))"
+        )
+    if cfg.sequence_parallel and cfg.transformer_impl == "local":
+        raise ParallelConfigError(
+            "--sequence-parallel needs --transformer-impl transformer_engine: Megatron's torch "
+            "norms (the local implementation) do not support sequence parallelism"
         )
     if cfg.sequence_parallel and tp == 1:
         raise ParallelConfigError(
