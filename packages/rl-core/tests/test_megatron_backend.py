@@ -82,6 +82,21 @@ def test_logprobs_equal_the_torch_backend(which, temperature, megatron, request)
         torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
 
 
+def test_bf16_autocast_logprobs_close_to_the_torch_backend(qwen3_path, megatron):
+    """Under bf16 autocast (fp32 masters) both backends round alike: the issue's bf16 bounds.
+
+    Training under bf16 needs CUDA (Megatron's linear layers re-enter autocast in their
+    backward only there); on CPU the backend says so instead of failing inside the backward.
+    """
+    cfg = BackendConfig(bf16=True, max_tokens_per_micro_batch=12)
+    want = torch.cat(TorchHFBackend(qwen3_path, cfg).logprobs(train_items()))
+    b = megatron(qwen3_path, cfg)
+    got = torch.cat(b.logprobs(train_items()))
+    assert (got - want).abs().max() <= 2e-2 and (got - want).abs().mean() <= 2e-3
+    with pytest.raises(ValueError, match="bf16 .* needs CUDA"):
+        b.train_step(train_items(), old_logprobs=None)
+
+
 def _loss(logps, old, items):
     lp, ol = torch.cat(logps), torch.cat(old)
     adv = torch.cat([torch.full((it.response_len,), it.advantage) for it in items])

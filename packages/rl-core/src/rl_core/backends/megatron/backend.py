@@ -284,10 +284,14 @@ class MegatronBackend(TrainingBackend):
             for p in range(it.response_start - 1, len(it.tokens) - 1):
                 rows.append(start + p)
                 targets.append(it.tokens[p + 1])
+        # The local path (RoPE's THD split, our SDPA attention) reads the boundaries on the
+        # host: a CPU tensor saves a device sync per layer. Transformer Engine's kernels need
+        # them on the device.
+        cu_seqlens = cu if self.parallel_impl == "local" else cu.to(self.device)
         packed = PackedSeqParams(
             qkv_format="thd",
-            cu_seqlens_q=cu.to(self.device),
-            cu_seqlens_kv=cu.to(self.device),
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_kv=cu_seqlens,
             max_seqlen_q=max(lengths),
             max_seqlen_kv=max(lengths),
         )
@@ -345,6 +349,11 @@ class MegatronBackend(TrainingBackend):
         """One optimizer step; ``global_tokens``: in-loss response tokens of the whole global
         batch over all data-parallel ranks (default: this rank's, right at data parallel 1)."""
         self._check_loaded()
+        if self.cfg.bf16 and self.device.type != "cuda":
+            raise ValueError(
+                "--bf16 training with --train-backend megatron needs CUDA: Megatron's linear "
+                "layers re-enter autocast in their backward only on CUDA (use fp32 on CPU)"
+            )
         loss_cfg = self.cfg.loss
         local_tokens = float(sum(it.response_len for it in items if it.in_loss))
         if global_tokens is None:
