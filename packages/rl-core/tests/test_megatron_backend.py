@@ -93,7 +93,7 @@ def test_bf16_autocast_logprobs_close_to_the_torch_backend(qwen3_path, megatron)
     b = megatron(qwen3_path, cfg)
     got = torch.cat(b.logprobs(train_items()))
     assert (got - want).abs().max() <= 2e-2 and (got - want).abs().mean() <= 2e-3
-    with pytest.raises(ValueError, match="bf16 .* needs CUDA"):
+    with pytest.raises(ValueError, match=r"bf16 .* needs CUDA"):
         b.train_step(train_items(), old_logprobs=None)
 
 

@@ -181,6 +181,8 @@ class MegatronBackend(TrainingBackend):
         self.tp_size = tp
         self.dp_group = ps.get_data_parallel_group()
         self.dp_size = dist.get_world_size(self.dp_group)
+        #: Which share of the global batch this rank trains on (TP peers share one).
+        self.dp_rank = ps.get_data_parallel_rank()
         torch.manual_seed(cfg.seed)
         if self.device.type == "cuda":
             from megatron.core import tensor_parallel
