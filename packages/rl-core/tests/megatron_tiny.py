@@ -43,6 +43,36 @@ def llama_config():
     )
 
 
+def llama3_rope_config():
+    """Llama with Llama 3's RoPE scaling: at head_dim 8 and θ 5e5 the slowest frequency's
+    wavelength (≈ 19k) is past the low-frequency cut (8192), so the scaling changes RoPE."""
+    cfg = llama_config()
+    cfg.rope_parameters = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    return cfg
+
+
+def qwen2_config():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+
+
 def hf_model(cfg, seed: int = 0):
     from transformers import AutoModelForCausalLM
 
@@ -51,7 +81,7 @@ def hf_model(cfg, seed: int = 0):
     # Norm gains are 1 at init: randomise them so a swapped norm would show in the round trip.
     with torch.no_grad():
         for p in model.parameters():
-            if p.ndim == 1:
+            if p.ndim == 1:  # norm gains and, for Qwen2, the q/k/v biases (zero at init)
                 p.uniform_(0.5, 1.5)
     return model
 

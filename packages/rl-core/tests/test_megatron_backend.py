@@ -14,7 +14,9 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core (the [megatron] extra) not installed")
 
 from megatron_tiny import (
+    llama3_rope_config,
     llama_config,
+    qwen2_config,
     qwen3_config,
     save_hf_model,
     train_items,
@@ -42,6 +44,16 @@ def llama_path(tmp_path_factory):
     return save_hf_model(llama_config(), tmp_path_factory.mktemp("llama"), seed=2)
 
 
+@pytest.fixture(scope="module")
+def llama3_rope_path(tmp_path_factory):
+    return save_hf_model(llama3_rope_config(), tmp_path_factory.mktemp("llama3-rope"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def qwen2_path(tmp_path_factory):
+    return save_hf_model(qwen2_config(), tmp_path_factory.mktemp("qwen2"), seed=4)
+
+
 class _Megatron:
     """Build a backend and always close its process group (even when the test fails)."""
 
@@ -67,7 +79,7 @@ def test_pack_micro_batches_counts_tokens_not_padding():
     assert pack_micro_batches(items, 10) == [[0, 1, 2], [3], [4]]
 
 
-@pytest.mark.parametrize("which", ["qwen3", "qwen3_tied", "llama"])
+@pytest.mark.parametrize("which", ["qwen3", "qwen3_tied", "llama", "llama3_rope", "qwen2"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_equal_the_torch_backend(which, temperature, megatron, request):
     path = request.getfixturevalue(f"{which}_path")
@@ -139,6 +151,23 @@ def test_norms_and_biases_are_not_decayed(qwen3_path, megatron):
     for k, v in b.export_weights().items():
         want = before[k] if v.ndim < 2 else before[k] * (1 - 0.1 * 0.5)
         torch.testing.assert_close(v, want, atol=1e-7, rtol=0, msg=k)
+
+
+def test_reference_is_loaded_only_with_a_nonzero_kl_coef(qwen3_path, megatron):
+    off = megatron(qwen3_path, BackendConfig(loss=LossConfig(use_kl_loss=True)))
+    assert off.ref_model is None
+    off.close()
+    cfg = BackendConfig(lr=1e-2, loss=LossConfig(use_kl_loss=True, kl_loss_coef=0.1))
+    on = megatron(qwen3_path, cfg)
+    ref = on.logprobs(train_items(), reference=True)
+    torch.testing.assert_close(torch.cat(ref), torch.cat(on.logprobs(train_items())))
+    metrics = on.train_step(train_items(), old_logprobs=None, ref_logprobs=ref)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-7)  # policy = reference before the step
+    # the step moved the policy, not the frozen reference
+    torch.testing.assert_close(
+        torch.cat(on.logprobs(train_items(), reference=True)), torch.cat(ref)
+    )
+    assert not torch.allclose(torch.cat(on.logprobs(train_items())), torch.cat(ref))
 
 
 def test_masked_samples_do_not_train(qwen3_path, megatron):

@@ -4,7 +4,7 @@ import argparse
 import builtins
 
 import pytest
-from megatron_tiny import llama_config, qwen3_config
+from megatron_tiny import llama3_rope_config, llama_config, qwen2_config, qwen3_config
 
 from rl_core.backends.megatron import MEGATRON_EXTRA, MegatronNotInstalledError, require_megatron
 from rl_core.backends.megatron.config import (
@@ -83,6 +83,13 @@ def test_llama_dense_with_llama3_rope_scaling():
     cfg["rope_scaling"]["high_freq_factor"] = 2.0
     with pytest.raises(UnsupportedModelError, match="high_freq_factor"):
         model_args_from_hf(cfg)
+
+
+def test_transformers_5_rope_parameters_and_qwen2_biases():
+    assert model_args_from_hf(llama3_rope_config()).rope_scaling_factor == 8.0
+    qwen2 = model_args_from_hf(qwen2_config())
+    assert (qwen2.family, qwen2.qkv_bias, qwen2.qk_layernorm) == ("qwen2", True, False)
+    assert transformer_config_kwargs(qwen2)["add_qkv_bias"] is True
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from megatron_tiny import hf_model, llama_config, qwen3_config
+from megatron_tiny import hf_model, llama_config, qwen2_config, qwen3_config
 
 from rl_core.backends.megatron.config import model_args_from_hf
 from rl_core.backends.megatron.convert import hf_to_megatron, megatron_to_hf
@@ -11,6 +11,7 @@ CONFIGS = {
     "qwen3": lambda: qwen3_config(tied=False),
     "qwen3-tied": lambda: qwen3_config(tied=True),
     "llama": llama_config,
+    "qwen2": qwen2_config,  # q/k/v biases, interleaved like the weights
 }
 
 
