@@ -129,10 +129,25 @@ def two_rank_worker(rank, world, port, path, mode, out):
             mine = items[rank::2]
             total = float(sum(it.response_len for it in items))
             result = {}
-            metrics = b.train_step(mine, old_logprobs=None, global_tokens=total)
-        result.update(
-            grad_norm=metrics["grad_norm"], weights=b.export_weights(), loss=metrics["loss"]
-        )
+            metrics = b.train_step(mine, old_logprobs=None, total_tokens=total)
+        # each data-parallel rank reports its share of the loss: the group sums them
+        losses = [0.0] * world
+        dist.all_gather_object(losses, metrics["loss"])
+        loss = sum(losses) if mode == "dp" else losses[0]
+        weights = b.export_weights()
+        result.update(grad_norm=metrics["grad_norm"], weights=weights, loss=loss)
+        if mode == "tp":  # a TP checkpoint: collective save, every rank loads its shard back
+            ckpt = Path(out).parent / "tp-ckpt"
+            b.save(ckpt, {"cursor": 7})
+            again = MegatronBackend(
+                path, cfg, MegatronConfig(tensor_model_parallel_size=2), device="cpu"
+            )
+            result["reloaded_extra"] = again.load(ckpt)
+            result["reloaded_step"] = again.step
+            result["reloaded_equal"] = all(
+                torch.equal(v, weights[k]) for k, v in again.export_weights().items()
+            )
+            again.close()
         b.close()
         if rank == 0:
             torch.save(result, out)

@@ -180,12 +180,12 @@ def test_masked_samples_do_not_train(qwen3_path, megatron):
         assert torch.equal(v, before[k]), k
 
 
-def test_global_tokens_normalise_the_loss(qwen3_path, megatron):
+def test_total_tokens_normalise_the_loss(qwen3_path, megatron):
     """A data-parallel rank divides by the global batch's tokens, not its own."""
     b = megatron(qwen3_path, BackendConfig())
     local = b.train_step(train_items(), old_logprobs=None)
-    half = b.train_step(train_items(), old_logprobs=None, global_tokens=2 * local["train_tokens"])
-    assert half["train_tokens"] == 2 * local["train_tokens"]
+    half = b.train_step(train_items(), old_logprobs=None, total_tokens=2 * local["train_tokens"])
+    assert half["train_tokens"] == local["train_tokens"] == 15  # this rank's tokens
     assert half["pg_loss"] == pytest.approx(local["pg_loss"] / 2, rel=1e-3)
 
 
@@ -236,8 +236,10 @@ def _free_port():
 @pytest.mark.parametrize("mode", ["tp", "dp"])
 def test_two_ranks_equal_one(mode, qwen3_path, megatron, tmp_path):
     """TP = 2 (vocabulary-parallel log-softmax, sharded QKV / SwiGLU) and DP = 2 (gradients
-    summed over ranks, global token mean) give the single-process log-probs and update."""
+    summed over ranks, global token mean) give the single-process log-probs and update; a TP
+    checkpoint is one HF folder that loads in transformers and back into TP ranks."""
     import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM
 
     out = tmp_path / "rank0.pt"
     mp.spawn(
@@ -255,6 +257,16 @@ def test_two_ranks_equal_one(mode, qwen3_path, megatron, tmp_path):
         for g, w in zip(got["logprobs"], one.logprobs(train_items()), strict=True):
             torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
     metrics = one.train_step(train_items(), old_logprobs=None)
+    if mode == "tp":
+        assert got["reloaded_equal"] and got["reloaded_extra"] == {"cursor": 7}
+        assert got["reloaded_step"] == 1
+        hf = AutoModelForCausalLM.from_pretrained(
+            tmp_path / "tp-ckpt" / "model", dtype=torch.float32
+        )
+        for k, v in one.export_weights().items():
+            torch.testing.assert_close(
+                dict(hf.named_parameters())[k].detach(), v, atol=1e-5, rtol=0
+            )
     assert got["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)
     assert got["loss"] == pytest.approx(metrics["loss"], abs=1e-6)
     for k, v in one.export_weights().items():

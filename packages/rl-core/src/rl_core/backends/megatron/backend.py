@@ -14,7 +14,7 @@ What it does, and why it differs from the torch backend where it does:
   chunks, divided by the rollout temperature; with TP > 1 the log-softmax is reduced over the
   vocabulary shards (:mod:`.logprobs`).
 * **Loss**: ``rl_core.grpo.loss.grpo_loss``, token mean over the **global** batch: pass
-  ``global_tokens`` (the in-loss response tokens over all data-parallel ranks) to
+  ``total_tokens`` (the in-loss response tokens over all data-parallel ranks) to
   :meth:`MegatronBackend.train_step`; gradients are then summed over the data-parallel group.
 * **Optimizer**: torch AdamW on the local shards with no weight decay on norms and biases
   (``param_groups``), the lr schedule of ``lr_at`` and gradient clipping by the global norm
@@ -346,10 +346,15 @@ class MegatronBackend(TrainingBackend):
         *,
         old_logprobs: list[torch.Tensor] | None,
         ref_logprobs: list[torch.Tensor] | None = None,
-        global_tokens: float | None = None,
+        total_tokens: float | None = None,
     ) -> dict[str, float]:
-        """One optimizer step; ``global_tokens``: in-loss response tokens of the whole global
-        batch over all data-parallel ranks (default: this rank's, right at data parallel 1)."""
+        """One optimizer step; ``total_tokens``: in-loss response tokens of the whole global
+        batch over all data-parallel ranks (default: this rank's, right at data parallel 1).
+
+        Metrics are this rank's share (sums over its tokens divided by ``total_tokens``), as the
+        torch backend returns them: the trainer group sums them over data-parallel ranks. TP
+        peers of one data-parallel rank return the same numbers.
+        """
         self._check_loaded()
         if self.cfg.bf16 and self.device.type != "cuda":
             raise ValueError(
@@ -358,14 +363,14 @@ class MegatronBackend(TrainingBackend):
             )
         loss_cfg = self.cfg.loss
         local_tokens = float(sum(it.response_len for it in items if it.in_loss))
-        if global_tokens is None:
+        if total_tokens is None:
             if self.dp_size > 1:
                 raise ValueError(
-                    f"train_step on {self.dp_size} data-parallel ranks needs global_tokens (the "
+                    f"train_step on {self.dp_size} data-parallel ranks needs total_tokens (the "
                     "global batch's in-loss tokens), else each rank normalises by its own"
                 )
-            global_tokens = local_tokens
-        total_tokens = float(global_tokens)
+            total_tokens = local_tokens
+        total_tokens = float(total_tokens)
         lr = lr_at(self.cfg, self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -373,7 +378,7 @@ class MegatronBackend(TrainingBackend):
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0, "tis": 0.0, "entropy": 0.0}
         n_micro = 0
-        if total_tokens > 0:
+        if local_tokens > 0:
             for mb in pack_micro_batches(items, self.cfg.max_tokens_per_micro_batch):
                 batch = [items[i] for i in mb]
                 if not any(it.in_loss for it in batch):
@@ -419,7 +424,7 @@ class MegatronBackend(TrainingBackend):
                 sums["tis"] += parts.tis_sum / total_tokens
                 sums["entropy"] += float((torch.cat(ents) * mask).sum()) / total_tokens
         grad_norm = 0.0
-        if self._any_rank(n_micro > 0):
+        if total_tokens > 0:  # the same on every rank: all join the gradient all-reduce
             grad_norm = self._reduce_and_clip()
             if not math.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -428,25 +433,13 @@ class MegatronBackend(TrainingBackend):
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.model.eval()
-        if self.dp_size > 1:  # every rank reports the global batch's metrics
-            t = torch.tensor([*sums.values(), float(n_micro)], device=self.device)
-            dist.all_reduce(t, group=self.dp_group)
-            sums = dict(zip(sums, t[: len(sums)].tolist(), strict=True))
-            n_micro = int(t[-1])
         return {
             **sums,
             "grad_norm": grad_norm,
             "lr": lr,
-            "train_tokens": total_tokens,
+            "train_tokens": local_tokens,
             "micro_batches": float(n_micro),
         }
-
-    def _any_rank(self, flag: bool) -> bool:
-        if self.dp_size == 1:
-            return flag
-        t = torch.tensor([float(flag)], device=self.device)
-        dist.all_reduce(t, group=self.dp_group)
-        return bool(t.item() > 0)
 
     def _tp_partial(self, name: str, param: torch.Tensor) -> bool:
         """A replicated weight whose gradient each TP rank holds only a part of: q/k norms (each
@@ -562,42 +555,72 @@ class MegatronBackend(TrainingBackend):
             raise RuntimeError("training backend is offloaded; call onload() first")
 
     def save(self, path: Path, extra: dict[str, Any]) -> None:
-        """An HF folder (``model/``: safetensors + config, loads in transformers), each rank's
-        optimizer state, the step and ``extra``. Rank 0 writes the shared files."""
+        """An HF folder (``model/``: safetensors + config, loads in transformers), the optimizer
+        state of each TP rank (``optimizer_tpNN.pt``; data-parallel ranks hold the same), the
+        step and ``extra``.
+
+        At TP = 1 every rank holds everything: call it on one rank (the trainer group calls rank
+        0), the others return without writing. At TP > 1 it is collective: every rank must call
+        it (the weights are gathered over TP; one rank per TP shard writes its optimizer state).
+        """
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        if self.tp_size == 1:
+            if dist.get_rank() == 0 or self._owns_process_group:
+                self._write(tmp, self.export_weights(), extra, optimizer=True)
+                self._publish(tmp, path)
+            return
+        hf = self.export_weights()  # collective over the TP group
+        writer = dist.get_rank() == 0
+        if writer:
+            self._write(tmp, hf, extra, optimizer=False)
+        dist.barrier()
+        if self.dp_rank == 0:
+            self._save_optimizer(tmp)
+        dist.barrier()
+        if writer:
+            self._publish(tmp, path)
+        dist.barrier()
+
+    def _write(
+        self, tmp: Path, hf: dict[str, torch.Tensor], extra: dict[str, Any], *, optimizer: bool
+    ) -> None:
         from safetensors.torch import save_file
 
-        path = Path(path)
-        rank = dist.get_rank()
-        tmp = path.with_name(path.name + ".tmp")
-        hf = self.export_weights()
-        if rank == 0:
-            (tmp / "model").mkdir(parents=True, exist_ok=True)
-            save_file(
-                {k: v.contiguous() for k, v in hf.items()}, str(tmp / "model" / "model.safetensors")
-            )
-            self.hf_config.save_pretrained(tmp / "model")
-            (tmp / "state.json").write_text(
-                json.dumps({"step": self.step, "extra": extra}, indent=1)
-            )
-        if dist.get_world_size() > 1:
-            dist.barrier()
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / "model").mkdir(parents=True)
+        save_file(
+            {k: v.contiguous() for k, v in hf.items()}, str(tmp / "model" / "model.safetensors")
+        )
+        self.hf_config.save_pretrained(tmp / "model")
+        (tmp / "state.json").write_text(json.dumps({"step": self.step, "extra": extra}, indent=1))
+        if optimizer:
+            self._save_optimizer(tmp)
+
+    def _save_optimizer(self, tmp: Path) -> None:
         torch.save(
             {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()},
-            tmp / f"optimizer_rank{rank:05d}.pt",
+            tmp / f"optimizer_tp{self.tp_rank:02d}.pt",
         )
-        if dist.get_world_size() > 1:
-            dist.barrier()
-        if rank == 0:
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        if dist.get_world_size() > 1:
-            dist.barrier()
+
+    @staticmethod
+    def _publish(tmp: Path, path: Path) -> None:
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
 
     def load(self, path: Path) -> dict[str, Any]:
+        """Restore what :meth:`save` wrote; every rank calls it (each reads its TP shard)."""
         path = Path(path)
         if not (path / "state.json").is_file():
             raise FileNotFoundError(f"--load {path}: not a checkpoint (no state.json)")
+        opt_file = path / f"optimizer_tp{self.tp_rank:02d}.pt"
+        if not opt_file.is_file():
+            raise FileNotFoundError(
+                f"--load {path}: no {opt_file.name} (saved with another "
+                f"--tensor-model-parallel-size than {self.tp_size}?)"
+            )
         shard = hf_to_megatron(
             load_hf_state_dict(path / "model"),
             self.args,
@@ -608,11 +631,7 @@ class MegatronBackend(TrainingBackend):
             own = dict(self.model.named_parameters())
             for k, v in shard.items():
                 own[k].copy_(v)
-        opt = torch.load(
-            path / f"optimizer_rank{dist.get_rank():05d}.pt",
-            map_location=self.device,
-            weights_only=False,
-        )
+        opt = torch.load(opt_file, map_location=self.device, weights_only=False)
         self.optimizer.load_state_dict(opt["optimizer"])
         torch.set_rng_state(opt["rng"])
         state = json.loads((path / "state.json").read_text())
