@@ -215,6 +215,20 @@ def test_checkpoint_loads_in_transformers_and_resumes(qwen3_path, megatron, tmp_
         torch.testing.assert_close(v, final[k], atol=1e-6, rtol=0, msg=k)
 
 
+def test_load_weights_follows_another_policy(qwen3_path, megatron):
+    """A forward-only rank takes the trained policy's exported (HF-named) weights."""
+    trained = megatron(qwen3_path, BackendConfig(lr=1e-2))
+    trained.train_step(train_items(), old_logprobs=None)
+    follower = megatron(qwen3_path, BackendConfig())
+    assert not torch.equal(
+        torch.cat(follower.logprobs(train_items())), torch.cat(trained.logprobs(train_items()))
+    )
+    follower.load_weights(trained.export_weights())
+    assert torch.equal(
+        torch.cat(follower.logprobs(train_items())), torch.cat(trained.logprobs(train_items()))
+    )
+
+
 def test_offload_blocks_use_until_onload(qwen3_path, megatron):
     b = megatron(qwen3_path, BackendConfig())
     b.offload()

@@ -507,6 +507,17 @@ class MegatronBackend(TrainingBackend):
         hf = megatron_to_hf(self._megatron_shards(), self.args, fused_norms=self._fused_norms)
         return {k: (v.to(dtype) if dtype is not None else v).clone() for k, v in hf.items()}
 
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy full HF-named weights (another policy's :meth:`export_weights`) into this rank's
+        shard: a forward-only rank (``actor_fwd``) following the policy after a weight sync."""
+        shard = hf_to_megatron(state, self.args, self.tp_size, fused_norms=self._fused_norms)[
+            self.tp_rank
+        ]
+        own = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for k, v in shard.items():
+                own[k].copy_(v.to(own[k].device, own[k].dtype))
+
     def _tensors(self) -> Iterator[tuple[Any, str, torch.Tensor]]:
         """(owner, key, tensor) of everything that lives on the accelerator."""
         for model in (self.model, self.ref_model):
