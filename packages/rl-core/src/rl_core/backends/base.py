@@ -9,6 +9,7 @@ the rollout engines, memory offload / onload for colocated phases, and checkpoin
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -76,6 +77,32 @@ def lr_at(cfg: BackendConfig, step: int) -> float:
     import math
 
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
+
+
+def no_weight_decay(name: str, param: torch.Tensor) -> bool:
+    """Norm weights and biases are not decayed: shrinking a norm's gain or a bias toward 0 is
+    not regularisation, it changes the function (the usual rule, and Megatron's): 1-D tensors
+    and anything named ``*.bias``."""
+    return param.ndim < 2 or name.endswith(".bias")
+
+
+def param_groups(
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], weight_decay: float
+) -> list[dict[str, Any]]:
+    """Optimizer parameter groups: decayed weights, then norms and biases with no decay.
+
+    Trainable parameters only; an empty group is left out (torch refuses none).
+    """
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for name, p in named_parameters:
+        if p.requires_grad:
+            (no_decay if no_weight_decay(name, p) else decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
 
 
 class TrainingBackend(ABC):

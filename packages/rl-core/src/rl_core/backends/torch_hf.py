@@ -20,7 +20,13 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
-from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem, lr_at
+from rl_core.backends.base import (
+    BackendConfig,
+    TrainingBackend,
+    TrainItem,
+    lr_at,
+    param_groups,
+)
 from rl_core.grpo.loss import grpo_loss
 
 
@@ -160,11 +166,10 @@ class TorchHFBackend(TrainingBackend):
             self.ref_model = _load_causal_lm(self.model_path, self.device)
             self.ref_model.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            param_groups(self.model.named_parameters(), cfg.weight_decay),  # norms, biases: 0
             lr=lr_at(cfg, 0),
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
         )
         self.step = 0
         self.offloaded = False
