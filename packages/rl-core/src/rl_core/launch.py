@@ -415,6 +415,8 @@ async def start_trainer_groups(
             device=cfg.device,
             name_prefix=prefix,
             load_reference=False if own_reference else None,
+            train_backend=cfg.train_backend,
+            megatron=cfg.megatron,
         )
     }
     if separate:

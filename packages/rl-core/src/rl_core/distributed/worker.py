@@ -76,11 +76,14 @@ class TrainWorker:
         *,
         device: str = "auto",
         load_reference: bool | None = None,
+        train_backend: str = "torch",
+        megatron: Any = None,
     ) -> None:
         self.role, self.rank, self.world_size = role, rank, world_size
         self.model_path, self.cfg = model_path, cfg
         self.device = resolve_device(device)
         self.load_reference = load_reference
+        self.train_backend, self.megatron = train_backend, megatron
         self.backend: Any = None
 
     # --- set-up ----------------------------------------------------------------------------------
@@ -110,13 +113,24 @@ class TrainWorker:
                 world_size=self.world_size,
                 timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S),
             )
-        from rl_core.backends.torch_hf import TorchHFBackend
+        if self.train_backend == "megatron":  # builds Megatron's parallel state on the group
+            from rl_core.backends.megatron.backend import MegatronBackend
 
-        self.backend = TorchHFBackend(
-            self.model_path, self.cfg, device=self.device, load_reference=self.load_reference
-        )
-        if self.role != "actor":
-            self.backend.model.requires_grad_(False)
+            self.backend = MegatronBackend(
+                self.model_path,
+                self.cfg,
+                self.megatron,
+                device=self.device,
+                load_reference=self.load_reference,
+            )
+        else:
+            from rl_core.backends.torch_hf import TorchHFBackend
+
+            self.backend = TorchHFBackend(
+                self.model_path, self.cfg, device=self.device, load_reference=self.load_reference
+            )
+            if self.role != "actor":
+                self.backend.model.requires_grad_(False)
         return self.where()
 
     def where(self) -> dict[str, Any]:
@@ -158,6 +172,9 @@ class TrainWorker:
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """A forward-only rank (``actor_fwd``) follows the policy after each weight sync."""
+        if hasattr(self.backend, "load_weights"):  # Megatron: its names are not HF's
+            self.backend.load_weights(state)
+            return
         own = dict(self.backend.model.named_parameters())
         with torch.no_grad():
             for name, value in state.items():
@@ -173,15 +190,24 @@ class TrainWorker:
         return int(self.backend.step)
 
     def save(self, path: str, extra: dict[str, Any]) -> None:
-        if self.rank == 0:  # every rank holds the same weights and optimizer state
+        # torch: every rank holds the same weights and optimizer state, rank 0 writes; Megatron's
+        # save is collective over tensor parallelism and picks its writers itself
+        if self.rank == 0 or self.train_backend == "megatron":
             self.backend.save(Path(path), extra)
 
     def load(self, path: str) -> dict[str, Any]:
         extra: dict[str, Any] = self.backend.load(Path(path))
         return extra
 
+    def model_parallel_size(self) -> int:
+        """Ranks that hold one copy of the model between them (Megatron's TP; 1 otherwise)."""
+        return int(getattr(self.backend, "tp_size", 1))
+
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
         if dist.is_initialized():
             dist.destroy_process_group()
