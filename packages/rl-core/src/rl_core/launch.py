@@ -390,9 +390,21 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         startup=startup,
         total_s=time.perf_counter() - t_start,
         console=Console(),
+        notes=run_notes(cfg),
     )
     Console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
     return 0
+
+
+def run_notes(cfg: TrainConfig) -> list[str]:
+    """What the summary should say about how the run was set up."""
+    notes = []
+    if cfg.use_kl_loss and cfg.kl_loss_coef == 0.0:
+        notes.append(
+            "KL to a reference is not computed: --use-kl-loss with --kl-loss-coef 0 loads no "
+            "reference model (the loss would not change); give a coefficient > 0 to train with it"
+        )
+    return notes
 
 
 async def start_trainer_groups(

@@ -30,9 +30,13 @@ def render_summary(
     startup: dict[str, float] | None = None,
     total_s: float | None = None,
     console: Console | None = None,
+    notes: Sequence[str] = (),
 ) -> None:
-    """Print per-step phase times, reward statistics and verdict sources."""
+    """Print per-step phase times, reward statistics and verdict sources (and ``notes`` on
+    how the run was set up, e.g. that KL is not computed)."""
     console = console or Console()
+    for note in notes:
+        console.print(f"[bold]note[/]: {note}")
     if startup:
         console.print(
             "[bold]start-up[/]: " + ", ".join(f"{k} {v:.1f}s" for k, v in startup.items())
@@ -74,6 +78,7 @@ def render_summary(
         "judge_cache": "judge, reused from the verdict cache",
         "judge_unparsed": "judge answered without a clean verdict (0, counted)",
         "judge_error": "judge failed (masked out of loss and group stats)",
+        "aborted": "generation aborted by the engine (not judged, not trained)",
         "rule": "rule-based reward (no judge)",
     }
     verdicts = Table(title="where the training rewards came from")

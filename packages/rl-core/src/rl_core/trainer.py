@@ -73,8 +73,8 @@ class RewardSetup:
 def verdict_source(sample: Sample) -> str:
     """Where a sample's reward came from: rule gate, judge, cache, or an error / other rule."""
     d = sample.reward_details
-    if sample.status == "judge_error":
-        return "judge_error"
+    if sample.status in ("judge_error", "aborted"):
+        return sample.status
     if d.get("gate") == "hit":
         return "gate"
     if d.get("cache") == "hit":
