@@ -128,10 +128,37 @@ async def test_worker_goes_into_the_given_bundle(ray_cluster: None) -> None:
         info = await handle.info.remote()  # type: ignore[attr-defined]
         assert info["engine_id"] == "judge/1" and info["engine"] == "ScriptedEngine"
         assert info["placement_group_id"] == pg.id.hex()
-        assert info["gpu_ids"] == []  # no GPUs in this cluster: the engine asked for none
+        assert info["gpu_ids"] == []  # the bundle holds no GPU: the engine asked for none
         ray.kill(handle)
     finally:
         remove_placement_group(pg)
+
+
+@pytest.mark.parametrize(
+    ("engine", "device", "cluster_gpus", "expected"),
+    [
+        pytest.param("hf", "auto", True, True, id="gpu-engine-on-a-gpu-cluster"),
+        pytest.param("hf", "cpu", True, False, id="cpu-device-asks-no-gpu"),
+        pytest.param("scripted", "auto", True, False, id="scripted-never-asks"),
+        pytest.param("hf", "auto", False, False, id="no-gpus-in-the-cluster"),
+    ],
+)
+def test_an_engine_asks_for_gpus_only_when_it_computes_on_one(
+    engine: str, device: str, cluster_gpus: bool, expected: bool
+) -> None:
+    from genrm_serve.config import InstanceSpec
+    from genrm_serve.engine_refs import instance_bundles, needs_gpus
+
+    spec = InstanceSpec(
+        route_key="j",
+        model_path="/models/judge",
+        num_gpus=2,
+        engine=engine,
+        engine_config=EngineConfig(device=device),
+    )
+    assert needs_gpus(spec, cluster_gpus) is expected
+    bundles = instance_bundles(spec, with_gpus=expected, engine_num_cpus=0.1)
+    assert [b.get("GPU", 0.0) for b in bundles] == [1.0 if expected else 0.0] * 2
 
 
 async def test_in_process_worker_without_ray() -> None:
@@ -154,7 +181,8 @@ async def test_hf_engine_in_an_actor_batches_real_forward_passes(
         model_path=str(tiny),
         num_gpus=1,
         engine="hf",
-        engine_config=EngineConfig(max_batch_size=8),
+        # a CPU test says so: on a GPU host the actor then asks Ray for no GPU
+        engine_config=EngineConfig(max_batch_size=8, device="cpu"),
         sampling_config=SamplingParams(temperature=0.0, max_response_len=3).merged_over(
             DEFAULT_SAMPLING
         ),

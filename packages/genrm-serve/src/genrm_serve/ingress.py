@@ -40,7 +40,7 @@ from genrm_client.types import (
     SamplingParams,
 )
 from genrm_serve.config import InstanceSpec
-from genrm_serve.engine_refs import EnginePlacement, EngineRef, instance_bundles
+from genrm_serve.engine_refs import EnginePlacement, EngineRef, instance_bundles, needs_gpus
 from genrm_serve.engines.base import EngineOutput, EngineRequest
 from genrm_serve.errors import ServiceError, error_body
 from genrm_serve.health import health_report
@@ -194,10 +194,10 @@ class GenRMIngress:
         self.prom = ServiceMetrics()
         self.prom.prime(list(instances))
         self._pgs: list[Any] = []
-        with_gpus = float(ray.cluster_resources().get("GPU", 0)) > 0  # type: ignore[no-untyped-call]
+        cluster_gpus = float(ray.cluster_resources().get("GPU", 0)) > 0  # type: ignore[no-untyped-call]
         self.routers: dict[str, InstanceRouter] = {}
         for key, spec in instances.items():
-            refs = engines.get(key) or self._standalone_refs(spec, with_gpus)
+            refs = engines.get(key) or self._standalone_refs(spec, needs_gpus(spec, cluster_gpus))
             slots = [EngineSlot(route_key=key, index=i, ref=r) for i, r in enumerate(refs)]
             limit = args.engine_inflight_limit or 2 * spec.engine_config.max_batch_size
             self.routers[key] = InstanceRouter(

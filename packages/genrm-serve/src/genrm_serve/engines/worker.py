@@ -413,6 +413,16 @@ def _remote_worker_class() -> Any:
     return _REMOTE_CLASS
 
 
+def _placement_gpus(spec: InstanceSpec, placement_group: Any, bundle_index: int | None) -> float:
+    if placement_group is not None:
+        specs = placement_group.bundle_specs
+        bundle = specs[bundle_index if bundle_index is not None and bundle_index >= 0 else 0]
+        return float(bundle.get("GPU", 0.0))
+    from genrm_serve.engine_refs import needs_gpus
+
+    return float(spec.num_gpus_per_engine) if needs_gpus(spec, _cluster_has_gpus()) else 0.0
+
+
 def _cluster_has_gpus() -> bool:
     import ray
 
@@ -436,9 +446,11 @@ def create_engine_worker(
 ) -> Any:
     """Create (not start) the Ray actor for engine ``engine_index`` of ``spec``.
 
-    Call ``await handle.start.remote()`` next. GPUs: ``spec.num_gpus_per_engine`` when the cluster
-    has GPUs (logical ones count), else 0; pass ``num_gpus`` to share a bundle (e.g. 0.2 for a
-    colocated judge). With ``placement_group`` the actor goes into ``bundle_index`` of it.
+    Call ``await handle.start.remote()`` next. GPUs: what the placement says — ``num_gpus`` when
+    given (e.g. 0.2 to share a colocated bundle), else the GPUs of its bundle (``placement_group``
+    / ``bundle_index``), else ``spec.num_gpus_per_engine`` if the engine computes on a GPU and the
+    cluster has any (never a GPU for ``device: cpu`` or the scripted engine). With
+    ``placement_group`` the actor goes into ``bundle_index`` of it.
     ``shared_gpu``: another inference engine's memory lives on the same GPUs (the shared
     layout); an SGLang engine then needs ``engine_config.mem_fraction_static``.
     """
@@ -448,7 +460,7 @@ def create_engine_worker(
     if not ray.is_initialized():
         raise EngineError("create_engine_worker: Ray is not initialised (call ray.init first)")
     if num_gpus is None:
-        num_gpus = float(spec.num_gpus_per_engine) if _cluster_has_gpus() else 0.0
+        num_gpus = _placement_gpus(spec, placement_group, bundle_index)
     options: dict[str, Any] = {
         "num_gpus": num_gpus,
         "num_cpus": DEFAULT_WORKER_NUM_CPUS if num_cpus is None else num_cpus,
