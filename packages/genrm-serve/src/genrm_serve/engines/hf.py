@@ -112,6 +112,7 @@ class HFEngine(Engine):
         self._generator = torch.Generator(device="cpu")
         self._generator.seed()
         self._lock = threading.Lock()  # one forward at a time; sleep/update wait for it
+        self._compiled_layers: list[Any] = []
         self.counters = {"batches": 0, "prefix_shared_tokens": 0, "forward_tokens": 0}
 
     # -- loading -----------------------------------------------------------------------------
@@ -163,7 +164,39 @@ class HFEngine(Engine):
         model: Any = AutoModelForCausalLM.from_pretrained(
             path, dtype=self.dtype, attn_implementation=register_attention()
         )
-        return model.to(self.device).eval()
+        model = model.to(self.device).eval()
+        self._compile(model)
+        return model
+
+    def _compile(self, model: Any) -> None:
+        """On CUDA, compile each decoder layer (``GENRM_HF_COMPILE=0`` turns it off).
+
+        Outside attention a layer is a chain of small element-wise kernels (norms, rotary, the
+        gated MLP) that eager mode runs one by one; compiled, they fuse. One compiled layer serves
+        every layer (same code, the weights are inputs), with dynamic shapes, so the first batch
+        pays ~15 s once and later shapes do not recompile. Attention itself stays eager.
+        """
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if self.device.type != "cuda" or os.environ.get("GENRM_HF_COMPILE", "1") == "0":
+            return
+        if layers is None:
+            return
+        for layer in layers:
+            layer.compile(dynamic=True)
+        self._compiled_layers = list(layers)
+
+    def _forward(self, **kwargs: Any) -> Any:
+        """The model's forward; a compiler failure falls back to eager (logged), once."""
+        try:
+            return self.model(**kwargs)
+        except Exception as err:
+            if not self._compiled_layers or not type(err).__module__.startswith("torch._"):
+                raise
+            logger.warning("engine %s: compiled layers failed (%s); eager", self.engine_id, err)
+            for layer in self._compiled_layers:
+                layer._compiled_call_impl = None
+            self._compiled_layers = []
+            return self.model(**kwargs)
 
     # -- prompts -----------------------------------------------------------------------------
     @property
@@ -331,7 +364,7 @@ class HFEngine(Engine):
         ends = sorted(set(plan.last_index))
         keep = torch.tensor(ends, dtype=torch.long, device=self.device)
         with activate(plan):
-            out = self.model(
+            out = self._forward(
                 input_ids=plan.input_ids,
                 position_ids=plan.position_ids,
                 use_cache=False,
@@ -400,7 +433,7 @@ class HFEngine(Engine):
             step += 1
             self.counters["forward_tokens"] += len(batch)
             with activate(state):
-                out = self.model(
+                out = self._forward(
                     input_ids=current[:, None],
                     position_ids=state.write_at[:, None],
                     use_cache=False,

@@ -125,11 +125,16 @@ class _Level:
     src: torch.Tensor
     dest: torch.Tensor
     has_ancestors: bool
-    _masks: dict[tuple[int | None, int], torch.Tensor | None] = field(default_factory=dict)
+    #: the nodes are equally long and lie end to end from packed index 0: views, no gathers
+    contiguous: bool = False
+    _masks: dict[tuple[int | None, int, torch.dtype], torch.Tensor | None] = field(
+        default_factory=dict
+    )
 
-    def mask(self, window: int | None, groups: int) -> torch.Tensor | None:
-        """``[nodes, 1, groups * q_max, kv_max]`` (query heads of a KV head folded into rows)."""
-        key = (window, groups)
+    def mask(self, window: int | None, groups: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive ``[nodes, 1, groups * q_max, kv_max]`` mask (a KV head's query heads folded
+        into rows), or ``None`` where plain causal self-attention is exact."""
+        key = (window, groups, dtype)
         if key in self._masks:
             return self._masks[key]
         n, q_max = self.q_index.shape
@@ -145,7 +150,9 @@ class _Level:
             allowed &= q_pos[:, :, None] - kv_pos[None, None, :] < window
         pad_rows = torch.arange(q_max, device=device)[None, :] >= self.q_len[:, None]
         allowed[..., 0] |= pad_rows  # padded queries see one key: no all-masked row (NaN)
-        mask = allowed[:, None].repeat(1, 1, groups, 1) if groups > 1 else allowed[:, None]
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        bias.masked_fill_(~allowed, -float("inf"))
+        mask = bias[:, None].repeat(1, 1, groups, 1) if groups > 1 else bias[:, None]
         self._masks[key] = mask
         return mask
 
@@ -224,6 +231,8 @@ def build_plan(
 def _level(nodes: list[PrefixNode], device: torch.device) -> _Level:
     q_max = max(len(n.tokens) for n in nodes)
     kv_max = max(n.end for n in nodes)
+    if any(n.parent is not None for n in nodes):
+        kv_max = -(-kv_max // 16) * 16  # the fused kernels want a 16-aligned mask row
     q_index = torch.zeros((len(nodes), q_max), dtype=torch.long)
     kv_index = torch.zeros((len(nodes), kv_max), dtype=torch.long)
     src: list[int] = []
@@ -243,6 +252,10 @@ def _level(nodes: list[PrefixNode], device: torch.device) -> _Level:
         src=torch.tensor(src, dtype=torch.long, device=device),
         dest=torch.tensor(dest, dtype=torch.long, device=device),
         has_ancestors=any(n.parent is not None for n in nodes),
+        contiguous=all(
+            n.parent is None and len(n.tokens) == q_max and n.offset == i * q_max
+            for i, n in enumerate(nodes)
+        ),
     )
 
 
@@ -313,6 +326,7 @@ class activate:  # noqa: N801 - used as a context manager, reads like one
         _ACTIVE.state = None
 
 
+@torch.compiler.disable  # type: ignore[misc]
 def packed_attention(
     module: Any,
     query: torch.Tensor,
@@ -367,29 +381,67 @@ def _prefill(
         plan.captured[layer] = (k, v)
     total, heads, dim = q.shape
     kv_heads = k.shape[1]
-    groups = heads // kv_heads
+    if len(plan.levels) == 1 and plan.levels[0].contiguous:
+        level = plan.levels[0]  # no shared prefix, equal lengths: a plain causal batch
+        n, q_max = level.q_index.shape
+        o = _attend(
+            level,
+            q.reshape(n, q_max, heads, dim),
+            k.reshape(n, q_max, kv_heads, dim),
+            v.reshape(n, q_max, kv_heads, dim),
+            scaling,
+            window,
+        )
+        return o.reshape(1, total, heads, dim)
     out = q.new_empty((total, heads, dim))
     for level in plan.levels:
         n, q_max = level.q_index.shape
         kv_max = level.kv_index.shape[1]
-        ql = q.index_select(0, level.q_index.view(-1)).view(n, q_max, heads, dim).transpose(1, 2)
+        ql = q.index_select(0, level.q_index.view(-1)).view(n, q_max, heads, dim)
         kl = k.index_select(0, level.kv_index.view(-1)).view(n, kv_max, kv_heads, dim)
         vl = v.index_select(0, level.kv_index.view(-1)).view(n, kv_max, kv_heads, dim)
-        kl, vl = kl.transpose(1, 2), vl.transpose(1, 2)
-        mask = level.mask(window, groups)
+        o = _attend(level, ql, kl, vl, scaling, window).reshape(n * q_max, heads, dim)
+        out.index_copy_(0, level.dest, o.index_select(0, level.src))
+    return out.unsqueeze(0)
+
+
+def _attend(
+    level: _Level,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    """One level's attention: ``[nodes, tokens, heads, dim]`` in, the same layout out."""
+    n, q_max, heads, dim = q.shape
+    kv_heads, kv_max = k.shape[2], k.shape[1]
+    groups = heads // kv_heads
+    ql, kl, vl = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    mask = level.mask(window, groups, q.dtype)
+    with _kernels():
         if mask is None:
             if groups > 1:
-                kl = kl[:, :, None].expand(n, kv_heads, groups, kv_max, dim).reshape(n, heads, kv_max, dim)
-                vl = vl[:, :, None].expand(n, kv_heads, groups, kv_max, dim).reshape(n, heads, kv_max, dim)
+                shape = (n, kv_heads, groups, kv_max, dim)
+                kl = kl[:, :, None].expand(shape).reshape(n, heads, kv_max, dim)
+                vl = vl[:, :, None].expand(shape).reshape(n, heads, kv_max, dim)
             o = F.scaled_dot_product_attention(ql, kl, vl, is_causal=True, scale=scaling)
         else:
             # The query heads that share a KV head become extra query rows: no K/V copies.
             qg = ql.reshape(n, kv_heads, groups * q_max, dim)
             o = F.scaled_dot_product_attention(qg, kl, vl, attn_mask=mask, scale=scaling)
             o = o.view(n, heads, q_max, dim)
-        o = o.transpose(1, 2).reshape(n * q_max, heads, dim)
-        out.index_copy_(0, level.dest, o.index_select(0, level.src))
-    return out.unsqueeze(0)
+    return o.transpose(1, 2)
+
+
+def _kernels() -> Any:
+    """SDPA without the cuDNN backend, whose per-call host cost (~2 ms on an H200 with torch
+    2.11) exceeded the kernel time of a whole judge batch's attention."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    )
 
 
 def _decode(
@@ -408,8 +460,13 @@ def _decode(
     index = torch.arange(rows, device=query.device)
     keys[index, :, state.write_at] = key[:, :, 0]
     values[index, :, state.write_at] = value[:, :, 0]
+    # One query per row: the query heads of a KV head are that head's rows; a matmul, a masked
+    # softmax in float32 and a matmul read the cache once and cost a handful of launches.
     q = query.reshape(rows, kv_heads, heads // kv_heads, dim)
-    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=state.mask(window), scale=scaling)
+    scale = scaling if scaling is not None else dim**-0.5
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
+    scores = scores.masked_fill(~state.mask(window), -float("inf"))
+    o = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
     return o.reshape(rows, 1, heads, dim)
 
 

@@ -14,6 +14,7 @@ reproducible, alone or in any batch. Sampling is the Gumbel-max trick: the arg-m
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -75,12 +76,28 @@ class RowSampling:
         )
 
 
-def _uniform(seed: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """[rows, vocab] float32 in (0, 1), a function of (seed, step, token) only."""
-    key = _mix32(seed ^ _mix32(torch.full_like(seed, (step * 0x9E3779B1) & _MASK32)))
+def _draw(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """arg-max of ``filtered`` + Gumbel noise that is a function of (seed, step, token) only."""
+    key = _mix32(seed ^ _mix32((step * 0x9E3779B1) & _MASK32))
+    vocab = filtered.shape[-1]
     tokens = _mix32(torch.arange(vocab, device=seed.device, dtype=torch.long) + 0x632BE5AB)
     bits = _mix32(key[:, None] ^ tokens[None, :])
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    return torch.argmax(filtered - torch.log(-torch.log(uniform)), dim=-1)
+
+
+_compiled_draw: object = None
+
+
+def _drawer(device: torch.device) -> object:
+    """:func:`_draw`, fused into one kernel by ``torch.compile`` on CUDA (about 20 launches over
+    a rows x vocabulary tensor otherwise); eager elsewhere or when compiling is turned off."""
+    global _compiled_draw
+    if device.type != "cuda" or os.environ.get("GENRM_HF_COMPILE", "1") == "0":
+        return _draw
+    if _compiled_draw is None:
+        _compiled_draw = torch.compile(_draw, dynamic=True)
+    return _compiled_draw
 
 
 def sample(
@@ -115,8 +132,15 @@ def sample(
         drop = before >= rows.top_p[:, None]
         drop[:, 0] = False
         filtered = filtered.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), -float("inf"))
-    gumbel = -torch.log(-torch.log(_uniform(rows.seed, step, vocab)))
-    drawn = torch.argmax(filtered + gumbel, dim=-1)
+    step_t = torch.tensor(step, dtype=torch.long, device=logits.device)
+    try:
+        drawn = _drawer(logits.device)(filtered, rows.seed, step_t)  # type: ignore[operator]
+    except Exception:
+        if _drawer(logits.device) is _draw:
+            raise
+        global _compiled_draw
+        _compiled_draw = _draw  # the compiler failed here: eager from now on
+        drawn = _draw(filtered, rows.seed, step_t)
     tokens = torch.where(greedy, greedy_tokens, drawn)
     picked_raw = raw.gather(1, tokens[:, None])[:, 0]
     picked = torch.where(greedy, picked_raw, scaled.gather(1, tokens[:, None])[:, 0])
