@@ -430,7 +430,7 @@ def _attend(
             # The query heads that share a KV head become extra query rows: no K/V copies.
             qg = ql.reshape(n, kv_heads, groups * q_max, dim)
             o = F.scaled_dot_product_attention(qg, kl, vl, attn_mask=mask, scale=scaling)
-            o = o.view(n, heads, q_max, dim)
+            o = o.reshape(n, heads, q_max, dim)
     return o.transpose(1, 2)
 
 

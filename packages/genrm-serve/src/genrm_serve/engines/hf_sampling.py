@@ -132,7 +132,7 @@ def sample(
         drop = before >= rows.top_p[:, None]
         drop[:, 0] = False
         filtered = filtered.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), -float("inf"))
-    step_t = torch.tensor(step, dtype=torch.long, device=logits.device)
+    step_t = torch.full((), step, dtype=torch.long, device=logits.device)  # a fill, no copy
     try:
         drawn = _drawer(logits.device)(filtered, rows.seed, step_t)  # type: ignore[operator]
     except Exception:
