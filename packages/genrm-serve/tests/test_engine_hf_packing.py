@@ -217,3 +217,24 @@ def test_sampling_filters_and_distribution() -> None:
     a = sample(logits, _sampling(4000, temperature=1.0), step=5)[0]
     b = sample(logits, _sampling(4000, temperature=1.0), step=6)[0]
     assert (a != b).float().mean() > 0.3
+
+
+def test_chunks_cut_between_groups(engine: HFEngine) -> None:
+    """Three groups of 6 with room for 8 rows: three chunks of one whole group each."""
+    gen = torch.Generator().manual_seed(5)
+    prompts = []
+    for g in range(3):
+        head = [5 + g, *_ids(gen, 40)]
+        prompts += [head + _ids(gen, 5) for _ in range(6)]
+    order = torch.randperm(len(prompts), generator=gen).tolist()  # arrival order is mixed
+    rows = [engine._make_row(_request(prompts[i], 1)) for i in order]
+    small = engine.spec.model_copy(
+        update={"engine_config": engine.spec.engine_config.model_copy(update={"max_batch_size": 8})}
+    )
+    engine.spec, saved = small, engine.spec
+    try:
+        chunks = engine._chunks(rows)
+    finally:
+        engine.spec = saved
+    assert sorted(len(c) for c in chunks) == [6, 6, 6]
+    assert all(len({r.prompt[0] for r in c}) == 1 for c in chunks)

@@ -96,6 +96,22 @@ class _Row:
     text: str = ""
 
 
+def _tokens(rows: list[_Row]) -> int:
+    return sum(len(r.prompt) + r.max_new for r in rows)
+
+
+def _weakest_link(rows: list[_Row], following: _Row) -> int:
+    """Where to cut ``rows`` (then ``following``): in the second half, at the neighbours that
+    share the shortest prefix (the last such place on a tie)."""
+    seq = [*rows, following]
+    best, best_shared = len(rows), None
+    for i in range(len(rows), max(1, len(rows) // 2) - 1, -1):
+        shared = len(os.path.commonprefix([seq[i - 1].prompt, seq[i].prompt]))  # type: ignore[type-var]
+        if best_shared is None or shared < best_shared:
+            best, best_shared = i, shared
+    return best
+
+
 class HFEngine(Engine):
     """transformers engine; see the module docstring for batching, memory and sleep."""
 
@@ -336,19 +352,20 @@ class HFEngine(Engine):
         """Sub-batches of at most ``max_batch_size`` rows and :data:`MAX_BATCH_TOKENS` tokens.
 
         Rows are taken in prompt order, so the rows that share a prefix (a GRPO group) are
-        neighbours and a cut falls between groups unless one group alone exceeds the budget.
+        neighbours; a full chunk is cut, in its second half, where neighbours share the least,
+        so that a group stays in one chunk unless it alone exceeds the budget.
         """
         max_rows = self.spec.engine_config.max_batch_size
         chunks: list[list[_Row]] = []
         current: list[_Row] = []
-        tokens = 0
         for row in sorted(rows, key=lambda r: r.prompt):
-            need = len(row.prompt) + row.max_new
-            if current and (len(current) >= max_rows or tokens + need > MAX_BATCH_TOKENS):
-                chunks.append(current)
-                current, tokens = [], 0
+            while current and (
+                len(current) >= max_rows or _tokens(current) + _tokens([row]) > MAX_BATCH_TOKENS
+            ):
+                cut = _weakest_link(current, row)
+                chunks.append(current[:cut])
+                current = current[cut:]
             current.append(row)
-            tokens += need
         if current:
             chunks.append(current)
         return chunks

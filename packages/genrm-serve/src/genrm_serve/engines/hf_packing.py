@@ -75,16 +75,16 @@ def _common_len(prompts: list[list[int]], rows: list[int], start: int) -> int:
     return len(os.path.commonprefix(tails))  # type: ignore[type-var]
 
 
-def build_forest(
-    prompts: list[list[int]], min_shared: int = MIN_SHARED_TOKENS
-) -> list[PrefixNode]:
+def build_forest(prompts: list[list[int]], min_shared: int = MIN_SHARED_TOKENS) -> list[PrefixNode]:
     """The radix tree of ``prompts`` (a forest: rows need not share a first token).
 
     A shared run shorter than ``min_shared`` is not made a node of its own but repeated in each
     branch below it (see :data:`MIN_SHARED_TOKENS`).
     """
 
-    def grow(rows: list[int], start: int, depth: int, parent: PrefixNode | None) -> list[PrefixNode]:
+    def grow(
+        rows: list[int], start: int, depth: int, parent: PrefixNode | None
+    ) -> list[PrefixNode]:
         run = _common_len(prompts, rows, start)
         end = start + run
         ending = [r for r in rows if len(prompts[r]) == end]
@@ -358,7 +358,9 @@ def packed_attention(
         )
     if softcap is not None:
         raise NotImplementedError("attention logit soft-capping is not supported by packed prefill")
-    window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
+    window = (
+        sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
+    )
     if isinstance(state, DecodeState):
         return _decode(state, module.layer_idx, query, key, value, scaling, window), None
     return _prefill(state, module.layer_idx, query, key, value, scaling, window), None

@@ -49,7 +49,9 @@ class RowSampling:
     all_greedy: bool
 
     @classmethod
-    def of(cls, params: list[SamplingParams], seeds: list[int], device: torch.device) -> RowSampling:
+    def of(
+        cls, params: list[SamplingParams], seeds: list[int], device: torch.device
+    ) -> RowSampling:
         temps = [float(p.temperature or 0.0) for p in params]
         ks = [int(p.top_k) if p.top_k is not None else -1 for p in params]
         ps = [float(p.top_p) if p.top_p is not None else 1.0 for p in params]
@@ -131,7 +133,9 @@ def sample(
         before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better tokens
         drop = before >= rows.top_p[:, None]
         drop[:, 0] = False
-        filtered = filtered.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), -float("inf"))
+        filtered = filtered.masked_fill(
+            torch.zeros_like(drop).scatter(1, order, drop), -float("inf")
+        )
     step_t = torch.full((), step, dtype=torch.long, device=logits.device)  # a fill, no copy
     try:
         drawn = _drawer(logits.device)(filtered, rows.seed, step_t)  # type: ignore[operator]
