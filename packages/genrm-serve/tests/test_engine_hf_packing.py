@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from genrm_client.types import SamplingParams
+from genrm_client.types import Message, SamplingParams
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
 from genrm_serve.engines.base import EngineOutput, EngineRequest
-from genrm_serve.engines.hf import HFEngine
+from genrm_serve.engines.hf import HFEngine, VerdictUnavailableError
 from genrm_serve.engines.hf_packing import build_forest, build_plan
 from genrm_serve.engines.hf_sampling import RowSampling, sample
 from genrm_serve.testing import build_tiny_model
@@ -238,3 +238,42 @@ def test_chunks_cut_between_groups(engine: HFEngine) -> None:
         engine.spec = saved
     assert sorted(len(c) for c in chunks) == [6, 6, 6]
     assert all(len({r.prompt[0] for r in c}) == 1 for c in chunks)
+
+
+def _judge_request(text: str, **sampling: object) -> EngineRequest:
+    params = SamplingParams(temperature=0.0, max_response_len=1, **sampling)  # type: ignore[arg-type]
+    return EngineRequest(
+        sampling=params.merged_over(DEFAULT_SAMPLING),
+        messages=[Message(role="user", content=text)],
+    )
+
+
+async def test_logprob_verdict_from_the_same_prefill(engine: HFEngine) -> None:
+    off = {"enable_thinking": False}
+    reqs = [
+        _judge_request(
+            f"Problem {i}: is 2 + {i} = {2 + i}? Reply 1 or 0.",
+            logprob_verdict=True,
+            chat_template_kwargs=off,
+        )
+        for i in range(3)
+    ]
+    reqs.append(_judge_request("Reply 1 or 0.", chat_template_kwargs=off))  # did not ask
+    outs = await engine.generate(reqs)
+    one = engine.tokenizer("1", add_special_tokens=False)["input_ids"][0]
+    zero = engine.tokenizer("0", add_special_tokens=False)["input_ids"][0]
+    for out, req in zip(outs[:3], reqs[:3], strict=True):
+        with torch.inference_mode():
+            ids = torch.tensor([engine.encode(req)])
+            probs = torch.softmax(engine.model(input_ids=ids).logits[0, -1].float(), -1)
+        expected = float(probs[one] / (probs[one] + probs[zero]))
+        assert out.extra["verdict_prob"] == pytest.approx(expected, abs=1e-5)
+        assert 0.0 < out.extra["verdict_prob"] < 1.0
+    assert "verdict_prob" not in outs[3].extra
+
+
+async def test_logprob_verdict_is_refused_with_thinking_on(engine: HFEngine) -> None:
+    before = dict(engine.counters)
+    with pytest.raises(VerdictUnavailableError, match="thinking off"):
+        await engine.generate([_judge_request("Reply 1 or 0.", logprob_verdict=True)])
+    assert engine.counters == before

@@ -60,7 +60,7 @@ from genrm_serve.engines.hf_packing import (
 from genrm_serve.engines.hf_sampling import RowSampling, sample
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
 
-__all__ = ["FALLBACK_CHAT_TEMPLATE", "MAX_BATCH_TOKENS", "HFEngine"]
+__all__ = ["FALLBACK_CHAT_TEMPLATE", "MAX_BATCH_TOKENS", "HFEngine", "VerdictUnavailableError"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class _Row:
     raw_logprobs: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
     text: str = ""
+    #: with ``sampling.logprob_verdict``: P("1") / (P("1") + P("0")) at the first reply token
+    verdict_prob: float | None = None
 
 
 def _tokens(rows: list[_Row]) -> int:
@@ -110,6 +112,10 @@ def _weakest_link(rows: list[_Row], following: _Row) -> int:
         if best_shared is None or shared < best_shared:
             best, best_shared = i, shared
     return best
+
+
+class VerdictUnavailableError(EngineError):
+    """A logprob verdict was asked for where it means nothing (thinking on, "1"/"0" not tokens)."""
 
 
 class HFEngine(Engine):
@@ -322,8 +328,32 @@ class HFEngine(Engine):
             return []
         return await asyncio.to_thread(self._generate, requests)
 
+    def _verdict_tokens(self, request: EngineRequest) -> tuple[int, int]:
+        """The token ids of "1" and "0", or a clear refusal of a logprob verdict."""
+        kwargs = request.sampling.chat_template_kwargs or {}
+        template = str(getattr(self.tokenizer, "chat_template", "") or "")
+        if request.messages is not None and "enable_thinking" in template:
+            if kwargs.get("enable_thinking", True):
+                raise VerdictUnavailableError(
+                    "sampling_params.logprob_verdict needs thinking off: with thinking on the "
+                    "first reply token is a thought, not a verdict; send "
+                    "chat_template_kwargs={'enable_thinking': false}"
+                )
+        ids = []
+        for digit in ("1", "0"):
+            encoded = self.tokenizer(digit, add_special_tokens=False)["input_ids"]
+            if len(encoded) != 1:
+                raise VerdictUnavailableError(
+                    f"sampling_params.logprob_verdict: {digit!r} is not a single token of this "
+                    f"judge's tokenizer (it encodes as {encoded})"
+                )
+            ids.append(int(encoded[0]))
+        return ids[0], ids[1]
+
     def _make_row(self, request: EngineRequest) -> _Row:
         assert self.prompts is not None
+        if request.sampling.logprob_verdict:
+            self._verdict_tokens(request)  # refused before any compute
         prompt = self.prompts.checked(request)
         default = self.spec.sampling_config.max_response_len or 1
         seed = request.sampling.seed
@@ -391,6 +421,7 @@ class HFEngine(Engine):
         row_of = torch.tensor([at[e] for e in plan.last_index], device=self.device)
         logits = out.logits[0].index_select(0, row_of).float()  # [rows, vocab]
         del out
+        self._verdicts(rows, logits)
         for row in rows:
             if row.max_new == 0:
                 row.finish = "length"
@@ -398,6 +429,18 @@ class HFEngine(Engine):
         if live:
             self._decode_rows(rows, live, logits, plan)
         plan.captured = None
+
+    def _verdicts(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        """P("1") / (P("1") + P("0")) at the first reply position, for the rows that ask."""
+        asking = [i for i, r in enumerate(rows) if r.request.sampling.logprob_verdict]
+        if not asking:
+            return
+        one, zero = self._verdict_tokens(rows[asking[0]].request)
+        index = torch.tensor(asking, dtype=torch.long, device=logits.device)
+        picked = logits.index_select(0, index)[:, [one, zero]]
+        probs = torch.sigmoid(picked[:, 0] - picked[:, 1]).cpu().tolist()
+        for i, p in zip(asking, probs, strict=True):
+            rows[i].verdict_prob = float(p)
 
     def _decode_rows(
         self, rows: list[_Row], live: list[int], logits: torch.Tensor, plan: PackedPlan
@@ -499,6 +542,8 @@ class HFEngine(Engine):
             weight_version=self.weight_version,
             extra={"route_key": self.spec.route_key, "engine_id": self.engine_id},
         )
+        if row.verdict_prob is not None:
+            out.extra["verdict_prob"] = row.verdict_prob
         if row.request.return_tokens:
             out.token_ids = list(row.tokens)
             out.logprobs = list(row.logprobs)
