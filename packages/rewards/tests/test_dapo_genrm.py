@@ -16,8 +16,8 @@ from genrm_client import (
 from genrm_client.types import GenerateMeta, GenerateRequest, GenerateResponse
 from genrm_rewards import RewardInputError, dapo_genrm
 from genrm_rewards.args import resolve_args
-from genrm_rewards.errors import RewardConfigError
 from genrm_rewards.dapo_genrm import compute_score, compute_score_batch
+from genrm_rewards.errors import RewardConfigError
 
 
 def sample(answer: str = "42", label: str = "42") -> Sample:

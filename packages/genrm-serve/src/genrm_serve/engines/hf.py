@@ -55,6 +55,7 @@ from genrm_serve.engines.hf_packing import (
     PackedPlan,
     activate,
     build_plan,
+    common_prefix_len,
     register_attention,
 )
 from genrm_serve.engines.hf_sampling import RowSampling, sample
@@ -108,7 +109,7 @@ def _weakest_link(rows: list[_Row], following: _Row) -> int:
     seq = [*rows, following]
     best, best_shared = len(rows), None
     for i in range(len(rows), max(1, len(rows) // 2) - 1, -1):
-        shared = len(os.path.commonprefix([seq[i - 1].prompt, seq[i].prompt]))  # type: ignore[type-var]
+        shared = common_prefix_len(seq[i - 1].prompt, seq[i].prompt)
         if best_shared is None or shared < best_shared:
             best, best_shared = i, shared
     return best
@@ -332,13 +333,13 @@ class HFEngine(Engine):
         """The token ids of "1" and "0", or a clear refusal of a logprob verdict."""
         kwargs = request.sampling.chat_template_kwargs or {}
         template = str(getattr(self.tokenizer, "chat_template", "") or "")
-        if request.messages is not None and "enable_thinking" in template:
-            if kwargs.get("enable_thinking", True):
-                raise VerdictUnavailableError(
-                    "sampling_params.logprob_verdict needs thinking off: with thinking on the "
-                    "first reply token is a thought, not a verdict; send "
-                    "chat_template_kwargs={'enable_thinking': false}"
-                )
+        thinking = request.messages is not None and "enable_thinking" in template
+        if thinking and kwargs.get("enable_thinking", True):
+            raise VerdictUnavailableError(
+                "sampling_params.logprob_verdict needs thinking off: with thinking on the "
+                "first reply token is a thought, not a verdict; send "
+                "chat_template_kwargs={'enable_thinking': false}"
+            )
         ids = []
         for digit in ("1", "0"):
             encoded = self.tokenizer(digit, add_special_tokens=False)["input_ids"]

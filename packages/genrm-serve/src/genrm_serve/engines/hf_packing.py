@@ -1,4 +1,4 @@
-"""Packed prefill over a radix tree of prompts, and the KV-cached attention the hf engine decodes with.
+"""Packed prefill over a radix tree of prompts, and the static-cache attention of decoding.
 
 A judge batch is GRPO groups: the n samples of a group share template + question + reference and
 differ only in the answer, and groups differ from each other early (often from the first token).
@@ -21,7 +21,6 @@ writes one position per row and attends under a length mask — fixed shapes, no
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +37,7 @@ __all__ = [
     "activate",
     "build_forest",
     "build_plan",
+    "common_prefix_len",
     "register_attention",
 ]
 
@@ -69,10 +69,19 @@ class PrefixNode:
         return self.start + len(self.tokens)
 
 
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
 def _common_len(prompts: list[list[int]], rows: list[int], start: int) -> int:
     """Length of the run, from ``start``, common to every row of ``rows``."""
     tails = [prompts[r][start:] for r in rows]
-    return len(os.path.commonprefix(tails))  # type: ignore[type-var]
+    # the lexicographic extremes share exactly the prefix that all of them share
+    return common_prefix_len(min(tails), max(tails))
 
 
 def build_forest(prompts: list[list[int]], min_shared: int = MIN_SHARED_TOKENS) -> list[PrefixNode]:
@@ -137,7 +146,7 @@ class _Level:
         key = (window, groups, dtype)
         if key in self._masks:
             return self._masks[key]
-        n, q_max = self.q_index.shape
+        q_max = self.q_index.shape[1]
         kv_max = self.kv_index.shape[1]
         if not self.has_ancestors and (window is None or q_max <= window):
             self._masks[key] = None  # plain causal self-attention
@@ -277,7 +286,8 @@ class DecodeState:
         assert plan.captured is not None
         paths, lengths = plan.row_paths(rows, device)
         n, width = paths.shape
-        keys, values = [], []
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
         for layer in sorted(plan.captured):
             k, v = plan.captured[layer]  # [T, kv_heads, dim]
             heads, dim = k.shape[1], k.shape[2]
@@ -313,7 +323,7 @@ class DecodeState:
         return self._masks[window]
 
 
-class activate:  # noqa: N801 - used as a context manager, reads like one
+class activate:
     """Route the model's attention through a packed plan or a decode state on this thread."""
 
     def __init__(self, state: PackedPlan | DecodeState) -> None:
@@ -326,7 +336,7 @@ class activate:  # noqa: N801 - used as a context manager, reads like one
         _ACTIVE.state = None
 
 
-@torch.compiler.disable  # type: ignore[misc]
+@torch.compiler.disable  # type: ignore[untyped-decorator]
 def packed_attention(
     module: Any,
     query: torch.Tensor,
@@ -344,7 +354,7 @@ def packed_attention(
     if state is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(  # type: ignore[no-any-return]
+        return sdpa_attention_forward(
             module,
             query,
             key,

@@ -121,7 +121,7 @@ def sample(
     scaled = torch.log_softmax(logits / temperature[:, None], dim=-1)
     filtered = scaled
     vocab = logits.shape[-1]
-    if 0 < rows.max_top_k:
+    if rows.max_top_k > 0:
         k = min(rows.max_top_k, vocab)
         top = torch.topk(scaled, k, dim=-1).values
         kth = top.gather(1, (rows.top_k.clamp(1, k) - 1)[:, None])

@@ -6,7 +6,8 @@ from putting concurrent requests into one forward pass. Callers send single requ
 call as one unit and hands the engine batches of whole units, up to
 ``engine_config.max_batch_size`` requests, one batch at a time — so the samples of a group meet
 in one engine batch and share their prompt prefix there (a unit larger than the limit goes alone;
-the engine splits it between groups). One batch runs at a time, while its event loop stays free for health probes and stats (engines run their compute
+the engine splits it between groups). One batch runs at a time, while the event loop stays
+free for health probes and stats (engines run their compute
 off the loop). It is a plain Ray actor, not a Serve replica, so rl-core can place it into a
 placement-group bundle of its plan (:func:`create_engine_worker`).
 """
