@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -276,3 +277,50 @@ async def test_logprob_verdict_is_refused_with_thinking_on(engine: HFEngine) -> 
     with pytest.raises(VerdictUnavailableError, match="thinking off"):
         await engine.generate([_judge_request("Reply 1 or 0.", logprob_verdict=True)])
     assert engine.counters == before
+
+
+def _tiny_gemma3(path: Path) -> Path:
+    """A random Gemma 3 text model (the embedded judge's architecture): sliding-window layers
+    (window 8, far shorter than the prompts) beside full-attention ones, one KV head."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from genrm_serve.testing import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    config = Gemma3TextConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+async def test_sliding_window_layers_match_plain_transformers(tmp_path: Path) -> None:
+    spec = InstanceSpec(
+        route_key="judge",
+        model_path=str(_tiny_gemma3(tmp_path / "gemma")),
+        num_gpus=1,
+        engine="hf",
+    )
+    gemma = HFEngine(spec, "judge/0")
+    await gemma.start()
+    prompts = _mixed_prompts()
+    outs = await gemma.generate([_request(p, 4) for p in prompts])
+    assert gemma.counters["prefix_shared_tokens"] > 0
+    for out, prompt in zip(outs, prompts, strict=True):
+        _check(gemma, out, prompt, 4, None)
+    await gemma.shutdown()
