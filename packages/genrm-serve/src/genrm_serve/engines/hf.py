@@ -136,7 +136,8 @@ class HFEngine(Engine):
         self._generator.seed()
         self._lock = threading.Lock()  # one forward at a time; sleep/update wait for it
         self._compiled_layers: list[Any] = []
-        self.counters = {"batches": 0, "prefix_shared_tokens": 0, "forward_tokens": 0}
+        #: batches: generate calls; chunks: packed prefills (at most max_batch_size rows each)
+        self.counters = {"batches": 0, "chunks": 0, "prefix_shared_tokens": 0, "forward_tokens": 0}
 
     # -- loading -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -405,6 +406,7 @@ class HFEngine(Engine):
     def _run_chunk(self, rows: list[_Row]) -> None:
         """One packed prefill (every row's first token), then batched decoding of the rest."""
         plan = build_plan([r.prompt for r in rows], self.device)
+        self.counters["chunks"] += 1
         if any(r.max_new > 1 for r in rows):
             plan.captured = {}
         self.counters["prefix_shared_tokens"] += plan.shared_tokens
