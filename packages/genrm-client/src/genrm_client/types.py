@@ -81,6 +81,10 @@ class SamplingParams(_Strict):
     stop: list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     seed: int | None = None
+    #: Also return ``P("1") / (P("1") + P("0"))`` at the first reply position as
+    #: ``meta.verdict_prob`` (engines that support it: hf). Needs thinking off and "1" / "0"
+    #: single tokens of the judge's tokenizer; refused otherwise.
+    logprob_verdict: bool | None = None
 
     def merged_over(self, base: SamplingParams) -> SamplingParams:
         """Return ``base`` with every field this object sets taken from this object."""
@@ -104,6 +108,9 @@ class GenerateMeta(_Reply):
     route_key: str | None = None
     engine_id: str | None = None
     engine_latency_s: float | None = None
+    #: With ``sampling_params.logprob_verdict``: ``P("1") / (P("1") + P("0"))`` at the first
+    #: reply position, from the same forward pass as the reply.
+    verdict_prob: float | None = None
 
 
 class GenerateResponse(_Reply):

@@ -166,6 +166,7 @@ def _meta(router: InstanceRouter, slot: EngineSlot, out: EngineOutput) -> dict[s
         route_key=str(out.extra.get("route_key", router.route_key)),
         engine_id=str(out.extra.get("engine_id", slot.engine_id)),
         engine_latency_s=out.latency_s,
+        verdict_prob=out.extra.get("verdict_prob"),
     )
     return meta.model_dump(exclude_none=True)
 

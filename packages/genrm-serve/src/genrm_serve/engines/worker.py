@@ -1,9 +1,13 @@
 """The Ray actor that hosts one engine: a micro-batcher in front of ``Engine.generate``.
 
 A judge request is prefill-bound (a long prompt, one or two output tokens), so throughput comes
-from putting concurrent requests into one forward pass. Callers send single requests; this actor
-queues them and hands the engine batches of up to ``engine_config.max_batch_size``, one batch at
-a time, while its event loop stays free for health probes and stats (engines run their compute
+from putting concurrent requests into one forward pass. Callers send single requests or lists
+(``generate_many``: the rewards send a GRPO group's requests as one list); this actor queues each
+call as one unit and hands the engine batches of whole units, up to
+``engine_config.max_batch_size`` requests, one batch at a time — so the samples of a group meet
+in one engine batch and share their prompt prefix there (a unit larger than the limit goes alone;
+the engine splits it between groups). One batch runs at a time, while the event loop stays
+free for health probes and stats (engines run their compute
 off the loop). It is a plain Ray actor, not a Serve replica, so rl-core can place it into a
 placement-group bundle of its plan (:func:`create_engine_worker`).
 """
@@ -67,6 +71,10 @@ class _Pending:
     enqueued: float = field(default_factory=time.monotonic)
 
 
+#: The requests of one call: they go into one engine batch together.
+_Unit = list[_Pending]
+
+
 class EngineWorker:
     """Hosts one :class:`Engine`; every public method is an (async) actor method.
 
@@ -92,7 +100,10 @@ class EngineWorker:
         self.batch_wait_s = batch_wait_s
         self.request_timeout_s = request_timeout_s
         self.start_timeout_s = start_timeout_s
-        self._queue: asyncio.Queue[_Pending] | None = None
+        self._queue: asyncio.Queue[_Unit] | None = None
+        #: a unit taken from the queue that did not fit into the last batch: the next one's first
+        self._carry: _Unit | None = None
+        self._queued = 0
         self._loop_task: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
         self._accepting = False
@@ -195,7 +206,7 @@ class EngineWorker:
             "state": self.engine.state if self.engine is not None else "created",
             "weight_version": self.engine.weight_version if self.engine is not None else 0,
             "accepting": self._accepting,
-            "queue_depth": self._queue.qsize() if self._queue is not None else 0,
+            "queue_depth": self._queued,
             "in_flight": self._in_flight,
             **{k: int(v) for k, v in self._counters.items()},
             "mean_batch": (self._counters["batched_requests"] / batches) if batches else 0.0,
@@ -261,14 +272,33 @@ class EngineWorker:
     # -- requests ----------------------------------------------------------------------------
     async def generate(self, request: EngineRequest) -> EngineOutput:
         """One request; concurrent calls are batched together."""
+        (pending,) = self._submit([request])
+        return await self._wait(pending)
+
+    async def generate_many(self, requests: list[EngineRequest]) -> list[EngineOutput]:
+        """Several requests in one engine batch (unless more than ``max_batch_size``), results
+        in order; the first failure is raised."""
+        if not requests:
+            return []
+        pending = self._submit(requests)
+        return list(await asyncio.gather(*(self._wait(p) for p in pending)))
+
+    def _submit(self, requests: list[EngineRequest]) -> _Unit:
         engine = self._engine()
         assert self._queue is not None
         if not self._accepting or engine.state == "asleep":
             raise EngineAsleepError(f"engine {self.engine_id} is asleep (wake it first)")
-        request.sampling = request.sampling.merged_over(self.spec.sampling_config)
-        pending = _Pending(request, asyncio.get_running_loop().create_future())
-        self._counters["requests"] += 1
-        self._queue.put_nowait(pending)
+        loop = asyncio.get_running_loop()
+        unit: _Unit = []
+        for request in requests:
+            request.sampling = request.sampling.merged_over(self.spec.sampling_config)
+            unit.append(_Pending(request, loop.create_future()))
+        self._counters["requests"] += len(unit)
+        self._queued += len(unit)
+        self._queue.put_nowait(unit)
+        return unit
+
+    async def _wait(self, pending: _Pending) -> EngineOutput:
         try:
             return await asyncio.wait_for(asyncio.shield(pending.future), self.request_timeout_s)
         except asyncio.CancelledError:
@@ -280,47 +310,60 @@ class EngineWorker:
                 f"engine {self.engine_id}: request timed out after {self.request_timeout_s} s"
             ) from None
 
-    async def generate_many(self, requests: list[EngineRequest]) -> list[EngineOutput]:
-        """Several requests, results in order; the first failure is raised."""
-        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
-
     def _fail_queued(self, error: Exception) -> None:
         if self._queue is None:
             return
+        units: list[_Unit] = []
+        if self._carry is not None:
+            units.append(self._carry)
+            self._carry = None
         while not self._queue.empty():
-            pending = self._queue.get_nowait()
-            if not pending.future.done():
-                pending.future.set_exception(error)
-                self._counters["failed"] += 1
+            units.append(self._queue.get_nowait())
+        for unit in units:
+            self._queued -= len(unit)
+            for pending in unit:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+                    self._counters["failed"] += 1
             self._queue.task_done()
 
-    async def _next_batch(self) -> list[_Pending]:
+    async def _next_batch(self) -> list[_Unit]:
+        """Whole units, up to ``max_batch_size`` requests, waiting ``batch_wait_s`` for more."""
         assert self._queue is not None
-        first = await self._queue.get()
+        if self._carry is not None:
+            first, self._carry = self._carry, None
+        else:
+            first = await self._queue.get()
         batch = [first]
+        size = len(first)
         limit = self.spec.engine_config.max_batch_size
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.batch_wait_s
-        while len(batch) < limit:
+        while size < limit:
             try:
-                batch.append(self._queue.get_nowait())
-                continue
+                unit = self._queue.get_nowait()
             except asyncio.QueueEmpty:
-                pass
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    unit = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+            if size + len(unit) > limit:
+                self._carry = unit  # whole units only: it opens the next batch
                 break
-            try:
-                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-            except TimeoutError:
-                break
+            batch.append(unit)
+            size += len(unit)
+        self._queued -= size
         return batch
 
     async def _batch_loop(self) -> None:
         assert self._lock is not None and self._queue is not None
         while True:
-            batch = await self._next_batch()
-            live = [p for p in batch if not p.future.done()]  # callers that gave up are skipped
+            units = await self._next_batch()
+            # callers that gave up are skipped
+            live = [p for unit in units for p in unit if not p.future.done()]
             try:
                 if live:
                     async with self._lock:
@@ -330,7 +373,7 @@ class EngineWorker:
                         finally:
                             self._in_flight = 0
             finally:
-                for _ in batch:
+                for _ in units:
                     self._queue.task_done()
 
     async def _run(self, batch: list[_Pending]) -> None:
