@@ -41,7 +41,7 @@ class TrainConfig(BaseModel):
     hf_checkpoint: str
     train_backend: Literal["torch"] = "torch"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    bf16: bool = False
+    bf16: bool | None = False  # None = auto: bf16 only where the device has it natively
     max_tokens_per_gpu: int = Field(default=4096, gt=0)
     logprob_chunk_size: int = Field(default=256, gt=0)
     # GRPO
@@ -196,7 +196,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eps_clip": 0.2,
         "eps_clip_high": 0.28,
         "use_tis": True,
-        "bf16": True,
+        # auto: bf16 autocast only on a CPU with native bf16 (>100x slower emulated on AVX2)
+        "bf16": None,
         "max_tokens_per_gpu": 1024,
         "colocate": True,
         # The GPU layout this job would have (colocate split); on a CPU machine the plan decides
@@ -237,7 +238,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hf-checkpoint", default=None, help=f"policy model (or {EMBEDDED_MODEL})")
     g.add_argument("--train-backend", default="torch", choices=["torch"])
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    _bool_flag(g, "--bf16", "bf16 autocast in the training backend")
+    _bool_flag(g, "--bf16", "bf16 autocast (a CPU without native bf16 uses fp32 and warns)")
     g.add_argument("--max-tokens-per-gpu", type=int, default=4096, help="micro-batch token budget")
     g.add_argument("--logprob-chunk-size", type=int, default=256)
 

@@ -316,6 +316,7 @@ async def run_training(cfg: TrainConfig, ns: Any, console: Console | None = None
         mode=mode,
         startup=startup,
         total_s=time.perf_counter() - t_start,
+        precision=getattr(backend, "precision", None),
         console=Console(),
     )
     Console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))

@@ -29,10 +29,13 @@ def render_summary(
     mode: str,
     startup: dict[str, float] | None = None,
     total_s: float | None = None,
+    precision: str | None = None,
     console: Console | None = None,
 ) -> None:
     """Print per-step phase times, reward statistics and verdict sources."""
     console = console or Console()
+    if precision:
+        console.print(f"[bold]training precision[/]: {precision}")
     if startup:
         console.print(
             "[bold]start-up[/]: " + ", ".join(f"{k} {v:.1f}s" for k, v in startup.items())

@@ -48,6 +48,7 @@ from genrm_serve.engines.base import (
     EngineRequest,
 )
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
+from genrm_serve.precision import resolve_bf16
 
 __all__ = ["FALLBACK_CHAT_TEMPLATE", "MAX_BATCH_TOKENS", "HFEngine", "sample_next"]
 
@@ -60,6 +61,10 @@ MIN_SHARED_PREFIX = 32
 
 
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if device.type == "cpu" and name in ("auto", "bfloat16"):
+        # bf16 on a CPU only with native bf16 (emulated it is >100x slower); see precision.py
+        bf16, _why = resolve_bf16(None if name == "auto" else True, device)
+        return torch.bfloat16 if bf16 else torch.float32
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
