@@ -36,3 +36,15 @@ def test_cpu_demo_asks_for_auto_and_the_flag_still_forces():
     assert forced.bf16 is True
     off, _ = parse_train_args(["--preset", "cpu-demo", "--no-bf16"])
     assert off.bf16 is False
+
+
+def test_the_summary_says_which_precision_was_used():
+    from rich.console import Console
+
+    from rl_core.summary import render_summary
+
+    console = Console(record=True, width=100)
+    render_summary(
+        [], mode="colocate", precision="fp32: this CPU has no native bf16", console=console
+    )
+    assert "training precision: fp32: this CPU has no native bf16" in console.export_text()
