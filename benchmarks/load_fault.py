@@ -66,10 +66,18 @@ class CountingTransport(httpx.AsyncBaseTransport):
             )
         )
         self.attempts: Counter[str] = Counter()
+        #: What each attempt got: an HTTP status, or the transport error's name.
+        self.answers: Counter[str] = Counter()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.attempts[request.headers.get("x-request-id", "")] += 1
-        return await self.inner.handle_async_request(request)
+        try:
+            response = await self.inner.handle_async_request(request)
+        except Exception as err:
+            self.answers[type(err).__name__] += 1
+            raise
+        self.answers[str(response.status_code)] += 1
+        return response
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -199,6 +207,7 @@ async def _load(ns: argparse.Namespace, args: ServeArgs) -> dict[str, Any]:
         "p50_s": round(statistics.median(lat), 3) if lat else None,
         "p99_s": round(lat[int(0.99 * (len(lat) - 1))], 3) if lat else None,
         "client_retries": transport.retries,
+        "attempt_answers": dict(transport.answers),
         "outcomes": dict(outcomes),
     }
 
