@@ -85,3 +85,16 @@ def test_hf_engine_weights_dtype_on_cpu(
 
     monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: probe)
     assert _resolve_dtype(name, torch.device("cpu")) == dtype
+
+
+def test_hf_engine_bf16_asked_on_a_cpu_without_it_names_the_setting(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from genrm_serve.engines.hf import _resolve_dtype
+
+    monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: AVX2)
+    monkeypatch.setattr(precision, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="genrm_serve.precision"):
+        assert _resolve_dtype("bfloat16", torch.device("cpu")) == torch.float32
+    (record,) = caplog.records
+    assert record.getMessage().startswith('engine_config.dtype="bfloat16" ignored: fp32')

@@ -81,7 +81,11 @@ def _warn_once(message: str) -> None:
 
 
 def resolve_bf16(
-    requested: bool | None, device: torch.device | str, *, probe: CpuBf16Probe | None = None
+    requested: bool | None,
+    device: torch.device | str,
+    *,
+    probe: CpuBf16Probe | None = None,
+    what: str = "--bf16",
 ) -> tuple[bool, str]:
     """Whether to compute in bf16 on ``device``, and why (the reason goes into the run summary).
 
@@ -90,6 +94,7 @@ def resolve_bf16(
             where the device has it natively.
         device: where the math runs.
         probe: the CPU's capabilities (tests pass a fake); default: probe this machine.
+        what: the setting that asked for bf16, named in the warning.
     """
     import torch
 
@@ -108,5 +113,5 @@ def resolve_bf16(
     else:
         return bool(requested), f"{'bf16 autocast' if requested else 'fp32'} (device {device})"
     if requested:
-        _warn_once(f"--bf16 ignored: {reason}; use a CPU with avx512_bf16/amx_bf16 or a GPU")
+        _warn_once(f"{what} ignored: {reason}; use a CPU with avx512_bf16/amx_bf16 or a GPU")
     return False, reason

@@ -63,7 +63,8 @@ MIN_SHARED_PREFIX = 32
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if device.type == "cpu" and name in ("auto", "bfloat16"):
         # bf16 on a CPU only with native bf16 (emulated it is >100x slower); see precision.py
-        bf16, _why = resolve_bf16(None if name == "auto" else True, device)
+        asked = None if name == "auto" else True
+        bf16, _why = resolve_bf16(asked, device, what='engine_config.dtype="bfloat16"')
         return torch.bfloat16 if bf16 else torch.float32
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
