@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "DEFAULT_ROUTE_KEY",
     "ERROR_TYPE_STATUS",
+    "SHOULD_RETRY_HEADER",
     "ErrorBody",
     "ErrorDetail",
     "FinishReason",
@@ -39,15 +40,25 @@ ERROR_TYPE_STATUS: dict[str, int] = {
     "invalid_request": 422,
     "unauthorized": 401,
     "unknown_route_key": 404,
+    "not_found": 404,
+    "method_not_allowed": 405,
     "prompt_too_long": 413,
+    "request_too_large": 413,
     "overloaded": 429,
     "engine_unavailable": 503,
     "instance_asleep": 503,
     "unhealthy": 503,
+    "sleep_failed": 503,
+    "wake_failed": 503,
     "timeout": 504,
     "engine_error": 500,
     "internal": 500,
 }
+
+#: The service's verdict on retrying a failed answer (``true`` / ``false``); it wins over the
+#: status. ``false``: the request already ran on two engines (the service's failover), so a
+#: client retry would only add load.
+SHOULD_RETRY_HEADER = "x-should-retry"
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 

@@ -72,7 +72,7 @@ class TrainConfig(RewardArgs):
     #: where compute runs; placement still uses the cluster's GPU bundles (``--device cpu`` on a
     #: cluster of logical GPUs runs every layout for real on a CPU machine).
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    bf16: bool = False
+    bf16: bool | None = False  # None = auto: bf16 only where the device has it natively
     max_tokens_per_gpu: int = Field(default=4096, gt=0)
     logprob_chunk_size: int = Field(default=256, gt=0)
     # GRPO
@@ -248,7 +248,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eps_clip": 0.2,
         "eps_clip_high": 0.28,
         "use_tis": True,
-        "bf16": True,
+        # auto: bf16 autocast only on a CPU with native bf16 (>100x slower emulated on AVX2)
+        "bf16": None,
         "max_tokens_per_gpu": 1024,
         "colocate": True,
         # The GPU layout this job would have (colocate split); on a CPU machine the plan decides
@@ -268,7 +269,7 @@ def _field_flag_kwargs(name: str) -> dict[str, Any]:
     default = None if field.is_required() else field.get_default(call_default_factory=True)
     annotation = field.annotation
     args = [a for a in get_args(annotation) if a is not type(None)]
-    if annotation is bool:
+    if annotation is bool or (get_origin(annotation) in (UnionType, Union) and args == [bool]):
         return {"action": argparse.BooleanOptionalAction, "default": default}
     if get_origin(annotation) is Literal:
         return {"choices": list(get_args(annotation)), "default": default}
@@ -311,7 +312,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     _flag(g, "--hf-checkpoint", help=f"policy model (or {EMBEDDED_MODEL})")
     _flag(g, "--train-backend", help="torch (transformers) or megatron (megatron-core)")
     _flag(g, "--device", help="where compute runs (placement still uses GPU bundles)")
-    _flag(g, "--bf16", help="bf16 autocast in the training backend")
+    _flag(g, "--bf16", help="bf16 autocast (a CPU without native bf16 uses fp32 and warns)")
     _flag(g, "--max-tokens-per-gpu", help="micro-batch token budget")
     _flag(g, "--logprob-chunk-size")
 

@@ -354,6 +354,7 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         t0 = time.perf_counter()
         groups = await start_trainer_groups(cfg, realized, policy_path, prefix)
         learner = groups["actor"]
+        precision = learner.precision
         participants["actor"] = CallbackSleeper(learner.offload, learner.onload)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
         startup["trainer"] = time.perf_counter() - t0
@@ -389,6 +390,7 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         mode=cfg.mode,
         startup=startup,
         total_s=time.perf_counter() - t_start,
+        precision=precision,
         console=Console(),
         notes=run_notes(cfg),
     )

@@ -29,12 +29,15 @@ def render_summary(
     mode: str,
     startup: dict[str, float] | None = None,
     total_s: float | None = None,
+    precision: str | None = None,
     console: Console | None = None,
     notes: Sequence[str] = (),
 ) -> None:
     """Print per-step phase times, reward statistics and verdict sources (and ``notes`` on
     how the run was set up, e.g. that KL is not computed)."""
     console = console or Console()
+    if precision:
+        console.print(f"[bold]training precision[/]: {precision}")
     for note in notes:
         console.print(f"[bold]note[/]: {note}")
     if startup:

@@ -60,6 +60,7 @@ from genrm_serve.engines.hf_packing import (
 )
 from genrm_serve.engines.hf_sampling import RowSampling, sample
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
+from genrm_serve.precision import resolve_bf16
 
 __all__ = ["FALLBACK_CHAT_TEMPLATE", "MAX_BATCH_TOKENS", "HFEngine", "VerdictUnavailableError"]
 
@@ -70,6 +71,11 @@ MAX_BATCH_TOKENS = 65536
 
 
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if device.type == "cpu" and name in ("auto", "bfloat16"):
+        # bf16 on a CPU only with native bf16 (emulated it is >100x slower); see precision.py
+        asked = None if name == "auto" else True
+        bf16, _why = resolve_bf16(asked, device, what='engine_config.dtype="bfloat16"')
+        return torch.bfloat16 if bf16 else torch.float32
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from genrm_serve import limits
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engines.base import (
     Engine,
@@ -48,13 +49,13 @@ logger = logging.getLogger(__name__)
 #: How long the batcher waits for more requests once it has one (seconds).
 DEFAULT_BATCH_WAIT_S = 0.002
 #: Longest a request may wait in this actor, queue included.
-DEFAULT_REQUEST_TIMEOUT_S = 600.0
-#: Longest loading a model may take (the embedded Gemma converts from GGUF once, ~70 s).
-DEFAULT_START_TIMEOUT_S = 900.0
+DEFAULT_REQUEST_TIMEOUT_S = limits.REQUEST_TIMEOUT_S
+#: Longest loading a model may take: the supervisor's deadline too (one constant, limits.py).
+DEFAULT_START_TIMEOUT_S = limits.ENGINE_START_TIMEOUT_S
 #: Longest a sleep() waits for queued requests to finish before failing them.
-DEFAULT_DRAIN_TIMEOUT_S = 120.0
+DEFAULT_DRAIN_TIMEOUT_S = limits.DRAIN_TIMEOUT_S
 #: Longest a health probe may take.
-DEFAULT_HEALTH_TIMEOUT_S = 10.0
+DEFAULT_HEALTH_TIMEOUT_S = limits.PROBE_TIMEOUT_S
 #: Logical CPUs an engine actor asks Ray for (the 2-core CI machine hosts several).
 DEFAULT_WORKER_NUM_CPUS = 0.1
 

@@ -56,7 +56,7 @@ class BackendConfig:
     clip_grad: float = 1.0
     max_tokens_per_micro_batch: int = 4096
     logprob_chunk_size: int = 256
-    bf16: bool = False
+    bf16: bool | None = False  # None = auto: bf16 only where the device has it natively
     temperature: float = 1.0
     seed: int = 1234
     loss: LossConfig = field(default_factory=LossConfig)

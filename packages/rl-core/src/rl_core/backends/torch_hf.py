@@ -27,6 +27,7 @@ from rl_core.backends.base import (
     lr_at,
     param_groups,
 )
+from rl_core.backends.precision import resolve_bf16
 from rl_core.grpo.loss import grpo_loss
 
 
@@ -154,6 +155,8 @@ class TorchHFBackend(TrainingBackend):
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
+        #: bf16 autocast only where the device computes bf16 natively (see ``precision``).
+        self.bf16, self.precision = resolve_bf16(cfg.bf16, self.device)
         torch.manual_seed(cfg.seed)
         self.model_path = str(model_path)
         self.model: Any = _load_causal_lm(self.model_path, self.device)
@@ -179,7 +182,7 @@ class TorchHFBackend(TrainingBackend):
     # --- forward ---------------------------------------------------------------------------------
 
     def _autocast(self) -> Any:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def _forward(
         self, model: Any, items: list[TrainItem]

@@ -149,6 +149,7 @@ class _RayGroup:
         self.world_size = len(placement.bundles)
         #: ranks that hold one model copy between them (Megatron's tensor parallelism)
         self.tp = 1
+        self.precision: str | None = None
         cls = _remote_worker()
         self.workers = [
             cls.options(
@@ -172,6 +173,8 @@ class _RayGroup:
         addr, port = await self.workers[0].address.remote()
         where = list(await asyncio.gather(*(w.setup.remote(addr, port) for w in self.workers)))
         self.tp = int(await self.workers[0].model_parallel_size.remote())
+        #: what the ranks compute in (e.g. "fp32: this CPU has no native bf16"), for the summary
+        self.precision = where[0].get("precision")
         return where
 
     @property

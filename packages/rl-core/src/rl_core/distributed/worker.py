@@ -149,6 +149,7 @@ class TrainWorker:
             "placement_group_id": pg,
             "assigned_resources": dict(ctx.get_assigned_resources()),  # type: ignore[no-untyped-call]
             "device": self.device,
+            "precision": getattr(self.backend, "precision", None),
         }
 
     # --- training --------------------------------------------------------------------------------

@@ -157,6 +157,9 @@ class MegatronBackend(TrainingBackend):
         self.cfg = cfg
         self.parallel = parallel or MegatronConfig()
         self.device = torch.device(device)
+        #: ``--bf16`` unset (auto): bf16 on CUDA; on CPU Megatron's linear layers cannot (below)
+        self.bf16 = self.device.type == "cuda" if cfg.bf16 is None else cfg.bf16
+        self.precision = "bf16 autocast" if self.bf16 else "fp32"
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.model_path = str(model_path)
@@ -265,7 +268,7 @@ class MegatronBackend(TrainingBackend):
         return model.output_layer.weight  # type: ignore[no-any-return]
 
     def _autocast(self) -> Any:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def _forward(
         self, model: Any, items: list[TrainItem]
@@ -356,7 +359,7 @@ class MegatronBackend(TrainingBackend):
         peers of one data-parallel rank return the same numbers.
         """
         self._check_loaded()
-        if self.cfg.bf16 and self.device.type != "cuda":
+        if self.bf16 and self.device.type != "cuda":
             raise ValueError(
                 "--bf16 training with --train-backend megatron needs CUDA: Megatron's linear "
                 "layers re-enter autocast in their backward only on CUDA (use fp32 on CPU)"
