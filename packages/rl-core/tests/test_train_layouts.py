@@ -180,6 +180,21 @@ async def test_one_node_of_8_gpus(cluster: Cluster, files: dict[str, Path], name
     assert gpus == {str(i) for i in range(8)}  # the whole node is used, by the plan's roles
 
 
+async def test_a_plan_larger_than_the_cluster_is_refused_at_once(
+    cluster: Cluster, files: dict[str, Path]
+) -> None:
+    import time
+
+    from rl_core.placement import PlacementUnavailableError
+
+    layout = [*SPLIT, "--resource", '{"actor": [2, 8], "rollout": [1, 8], "genrm": [1, 8]}']
+    cfg = parse_train_args([*_argv(files, "too-big", *layout), "--genrm-instances", _judges(8)])
+    t0 = time.monotonic()
+    with pytest.raises(PlacementUnavailableError, match=r"GPU: needs 16, the cluster has 8"):
+        await run_training(cfg)
+    assert time.monotonic() - t0 < 30  # not the placement group's 600 s wait
+
+
 async def test_two_nodes_of_8_gpus_split(cluster: Cluster, files: dict[str, Path]) -> None:
     cluster.add_node(**_NODE)
     cluster.wait_for_nodes()

@@ -22,6 +22,9 @@ _EXPORTS: dict[str, str] = {
     "add_genrm_args": "genrm_serve.config",
     "instances_from_args": "genrm_serve.config",
     "ServeArgs": "genrm_serve.serve_args",
+    "CapacityError": "genrm_serve.capacity",
+    "check_fits": "genrm_serve.capacity",
+    "ENGINE_START_TIMEOUT_S": "genrm_serve.limits",
     # the service
     "build_app": "genrm_serve.app",
     "deploy": "genrm_serve.app",
@@ -43,7 +46,9 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "ENGINE_START_TIMEOUT_S",
     "LOCAL_RAY_ENV",
+    "CapacityError",
     "Engine",
     "EngineAsleepError",
     "EngineConfig",
@@ -60,6 +65,7 @@ __all__ = [
     "add_genrm_args",
     "apply_ray_env_defaults",
     "build_app",
+    "check_fits",
     "create_engine_worker",
     "deploy",
     "instances_from_args",
@@ -83,6 +89,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the names as type checkers see them
     from genrm_serve.app import build_app, deploy, wait_until_healthy
+    from genrm_serve.capacity import CapacityError, check_fits
     from genrm_serve.config import (
         EngineConfig,
         GenRMConfigError,
@@ -99,6 +106,7 @@ if TYPE_CHECKING:  # the names as type checkers see them
         EngineRequest,
     )
     from genrm_serve.engines.worker import EngineWorker, create_engine_worker
+    from genrm_serve.limits import ENGINE_START_TIMEOUT_S
     from genrm_serve.models import resolve_model_path
     from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
     from genrm_serve.serve_args import ServeArgs

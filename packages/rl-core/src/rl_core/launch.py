@@ -27,7 +27,9 @@ from transformers import AutoTokenizer
 
 from genrm_client import close_genrm_clients
 from genrm_serve import (
+    ENGINE_START_TIMEOUT_S,
     LOCAL_RAY_ENV,
+    CapacityError,
     EngineConfig,
     EnginePlacement,
     EngineRef,
@@ -35,6 +37,7 @@ from genrm_serve import (
     ServeArgs,
     apply_ray_env_defaults,
     build_app,
+    check_fits,
     deploy,
     resolve_model_path,
     wait_until_healthy,
@@ -65,9 +68,6 @@ logger = logging.getLogger(__name__)
 
 #: Set before Ray starts (unless the user set them): see ``genrm_serve.ray_env``.
 RAY_ENV = LOCAL_RAY_ENV
-
-#: Longest the engines (and the judge service) may take to load and become healthy.
-ENGINE_START_TIMEOUT_S = 1800.0
 
 #: Seeds of the demo's generated data sets (train and held-out evaluation differ).
 EASY_MATH_TRAIN = (256, 11)
@@ -270,13 +270,22 @@ def _cluster_gpus() -> float:
 
 
 def _check_capacity(plan: PlacementPlan, use_gpus: bool) -> None:
-    """A plan the cluster can never hold is refused at once, not after a placement timeout."""
-    total = _cluster_gpus()
-    if use_gpus and plan.num_gpus > total:
-        raise PlacementUnavailableError(
-            f"the plan ({plan.mode}) needs {plan.num_gpus} GPUs, the Ray cluster has {total:g} "
-            "in total: add nodes, or shrink --resource"
+    """A plan the cluster can never hold (in total, not just free now) is refused at once,
+    not after the placement wait; every bundle is ``{GPU: 1, CPU: 1}`` (``{CPU: 1}`` without
+    GPUs)."""
+    import ray
+
+    bundles = sum(g.num_bundles for g in plan.groups)
+    needed = {"CPU": float(bundles)} | ({"GPU": float(bundles)} if use_gpus else {})
+    try:
+        check_fits(
+            needed,
+            ray.cluster_resources(),  # type: ignore[no-untyped-call]
+            f"the plan ({plan.mode}, {plan.num_gpus} GPUs)",
+            hint="add nodes, or shrink --resource",
         )
+    except CapacityError as err:
+        raise PlacementUnavailableError(str(err)) from err
 
 
 def _init_ray(plan: PlacementPlan) -> bool:
