@@ -24,11 +24,11 @@ from rl_core.backends.base import (
     BackendConfig,
     TrainingBackend,
     TrainItem,
+    backward_micro_batches,
     lr_at,
     param_groups,
 )
 from rl_core.backends.precision import resolve_bf16
-from rl_core.grpo.loss import grpo_loss
 
 
 def micro_batches(items: list[TrainItem], max_tokens: int) -> list[list[int]]:
@@ -240,7 +240,6 @@ class TorchHFBackend(TrainingBackend):
         total_tokens: float | None = None,
     ) -> dict[str, float]:
         self._check_loaded()
-        loss_cfg = self.cfg.loss
         local_tokens = float(sum(it.response_len for it in items if it.in_loss))
         # the token-mean is over the *global* batch: a data-parallel rank passes its total
         total_tokens = local_tokens if total_tokens is None else float(total_tokens)
@@ -249,53 +248,15 @@ class TorchHFBackend(TrainingBackend):
             group["lr"] = lr
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0, "tis": 0.0, "entropy": 0.0}
-        n_micro = 0
-        if local_tokens > 0:
-            for mb in micro_batches(items, self.cfg.max_tokens_per_micro_batch):
-                batch = [items[i] for i in mb]
-                if not any(it.in_loss for it in batch):
-                    continue
-                n_micro += 1
-                logps, ents = self._forward(self.model, batch)
-                logp = torch.cat(logps)
-                adv = torch.cat([torch.full((it.response_len,), it.advantage) for it in batch])
-                mask = torch.cat(
-                    [torch.full((it.response_len,), float(it.in_loss)) for it in batch]
-                )
-                if old_logprobs is None:  # on-policy single step: old = current, no extra pass
-                    old = logp.detach()
-                else:
-                    old = torch.cat([old_logprobs[i] for i in mb]).to(logp.device)
-                ref = (
-                    torch.cat([ref_logprobs[i] for i in mb]).to(logp.device)
-                    if ref_logprobs is not None
-                    else None
-                )
-                rollout = None
-                if loss_cfg.use_tis:
-                    rollout = torch.cat(
-                        [torch.tensor(items[i].rollout_logprobs or []) for i in mb]
-                    ).to(logp.device)
-                parts = grpo_loss(
-                    logp,
-                    old,
-                    adv.to(logp.device),
-                    mask.to(logp.device),
-                    loss_cfg,
-                    total_tokens=total_tokens,
-                    ref_logprobs=ref,
-                    rollout_logprobs=rollout,
-                )
-                torch.autograd.backward(parts.loss)
-                sums["loss"] += float(parts.loss.detach())
-                sums["pg_loss"] += parts.pg_loss_sum / total_tokens
-                sums["kl"] += parts.kl_sum / total_tokens
-                sums["clipfrac"] += parts.clipfrac_sum / total_tokens
-                sums["tis"] += parts.tis_sum / total_tokens
-                sums["entropy"] += float((torch.cat(ents) * mask.to(logp.device)).sum()) / (
-                    total_tokens
-                )
+        sums, n_micro = backward_micro_batches(
+            lambda batch: self._forward(self.model, batch),
+            items,
+            micro_batches(items, self.cfg.max_tokens_per_micro_batch) if local_tokens > 0 else [],
+            self.cfg.loss,
+            total_tokens=total_tokens,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+        )
         grad_norm = 0.0
         reduce_gradients(self.model)
         if total_tokens > 0:

@@ -41,7 +41,14 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem, lr_at, param_groups
+from rl_core.backends.base import (
+    BackendConfig,
+    TrainingBackend,
+    TrainItem,
+    backward_micro_batches,
+    lr_at,
+    param_groups,
+)
 from rl_core.backends.megatron import require_megatron
 from rl_core.backends.megatron.config import (
     MegatronModelArgs,
@@ -53,7 +60,6 @@ from rl_core.backends.megatron.config import (
 from rl_core.backends.megatron.convert import hf_to_megatron, megatron_param_kinds, megatron_to_hf
 from rl_core.backends.megatron.logprobs import vocab_parallel_token_logprobs
 from rl_core.backends.megatron.parallel import MegatronConfig, check_parallel_sizes
-from rl_core.grpo.loss import grpo_loss
 
 
 def pack_micro_batches(items: list[TrainItem], max_tokens: int) -> list[list[int]]:
@@ -364,7 +370,6 @@ class MegatronBackend(TrainingBackend):
                 "--bf16 training with --train-backend megatron needs CUDA: Megatron's linear "
                 "layers re-enter autocast in their backward only on CUDA (use fp32 on CPU)"
             )
-        loss_cfg = self.cfg.loss
         local_tokens = float(sum(it.response_len for it in items if it.in_loss))
         if total_tokens is None:
             if self.dp_size > 1:
@@ -379,53 +384,17 @@ class MegatronBackend(TrainingBackend):
             group["lr"] = lr
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0, "tis": 0.0, "entropy": 0.0}
-        n_micro = 0
-        if local_tokens > 0:
-            for mb in pack_micro_batches(items, self.cfg.max_tokens_per_micro_batch):
-                batch = [items[i] for i in mb]
-                if not any(it.in_loss for it in batch):
-                    continue
-                n_micro += 1
-                logps, ents = self._forward(self.model, batch)
-                logp = torch.cat(logps)
-                dev = logp.device
-                adv = torch.cat([torch.full((it.response_len,), it.advantage) for it in batch])
-                mask = torch.cat(
-                    [torch.full((it.response_len,), float(it.in_loss)) for it in batch]
-                ).to(dev)
-                old = (
-                    logp.detach()
-                    if old_logprobs is None
-                    else torch.cat([old_logprobs[i] for i in mb]).to(dev)
-                )
-                ref = (
-                    torch.cat([ref_logprobs[i] for i in mb]).to(dev)
-                    if ref_logprobs is not None
-                    else None
-                )
-                rollout = None
-                if loss_cfg.use_tis:
-                    rollout = torch.cat(
-                        [torch.tensor(items[i].rollout_logprobs or []) for i in mb]
-                    ).to(dev)
-                parts = grpo_loss(
-                    logp,
-                    old,
-                    adv.to(dev),
-                    mask,
-                    loss_cfg,
-                    total_tokens=total_tokens,
-                    ref_logprobs=ref,
-                    rollout_logprobs=rollout,
-                )
-                torch.autograd.backward(parts.loss)
-                sums["loss"] += float(parts.loss.detach())
-                sums["pg_loss"] += parts.pg_loss_sum / total_tokens
-                sums["kl"] += parts.kl_sum / total_tokens
-                sums["clipfrac"] += parts.clipfrac_sum / total_tokens
-                sums["tis"] += parts.tis_sum / total_tokens
-                sums["entropy"] += float((torch.cat(ents) * mask).sum()) / total_tokens
+        sums, n_micro = backward_micro_batches(
+            lambda batch: self._forward(self.model, batch),
+            items,
+            pack_micro_batches(items, self.cfg.max_tokens_per_micro_batch)
+            if local_tokens > 0
+            else [],
+            self.cfg.loss,
+            total_tokens=total_tokens,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+        )
         grad_norm = 0.0
         if total_tokens > 0:  # the same on every rank: all join the gradient all-reduce
             grad_norm = self._reduce_and_clip()
