@@ -128,7 +128,9 @@ def test_broadcast_puts_the_trainers_weights_into_the_engine(tiny_dir: Path) -> 
         engine = HFEngine(_spec(tiny_dir), "rollout/0")
         await engine.start()
         before = dict(engine.model.named_parameters())
-        assert not torch.equal(before["model.embed_tokens.weight"], trainer.get_input_embeddings().weight)
+        assert not torch.equal(
+            before["model.embed_tokens.weight"], trainer.get_input_embeddings().weight
+        )
 
         def rank0() -> None:
             group = WeightBroadcastGroup("127.0.0.1", port, 0, 2, backend="gloo")
