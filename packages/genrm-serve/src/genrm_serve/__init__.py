@@ -39,6 +39,16 @@ _EXPORTS: dict[str, str] = {
     "EngineRequest": "genrm_serve.engines.base",
     "EngineWorker": "genrm_serve.engines.worker",
     "create_engine_worker": "genrm_serve.engines.worker",
+    # moving weights: host buffers, buckets, CUDA IPC, a broadcast group
+    "DEFAULT_BUCKET_BYTES": "genrm_serve.engines.weights",
+    "BucketMeta": "genrm_serve.engines.weights",
+    "HostOffloader": "genrm_serve.engines.weights",
+    "WeightBroadcastGroup": "genrm_serve.engines.weights",
+    "ipc_handle": "genrm_serve.engines.weights",
+    "open_ipc_handle": "genrm_serve.engines.weights",
+    "pack_bucket": "genrm_serve.engines.weights",
+    "plan_buckets": "genrm_serve.engines.weights",
+    "unpack_bucket": "genrm_serve.engines.weights",
     # running on Ray, models
     "LOCAL_RAY_ENV": "genrm_serve.ray_env",
     "apply_ray_env_defaults": "genrm_serve.ray_env",
@@ -46,8 +56,10 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "DEFAULT_BUCKET_BYTES",
     "ENGINE_START_TIMEOUT_S",
     "LOCAL_RAY_ENV",
+    "BucketMeta",
     "CapacityError",
     "Engine",
     "EngineAsleepError",
@@ -59,8 +71,10 @@ __all__ = [
     "EngineRequest",
     "EngineWorker",
     "GenRMConfigError",
+    "HostOffloader",
     "InstanceSpec",
     "ServeArgs",
+    "WeightBroadcastGroup",
     "__version__",
     "add_genrm_args",
     "apply_ray_env_defaults",
@@ -69,7 +83,12 @@ __all__ = [
     "create_engine_worker",
     "deploy",
     "instances_from_args",
+    "ipc_handle",
+    "open_ipc_handle",
+    "pack_bucket",
+    "plan_buckets",
     "resolve_model_path",
+    "unpack_bucket",
     "wait_until_healthy",
 ]
 
@@ -104,6 +123,17 @@ if TYPE_CHECKING:  # the names as type checkers see them
         EngineError,
         EngineOutput,
         EngineRequest,
+    )
+    from genrm_serve.engines.weights import (
+        DEFAULT_BUCKET_BYTES,
+        BucketMeta,
+        HostOffloader,
+        WeightBroadcastGroup,
+        ipc_handle,
+        open_ipc_handle,
+        pack_bucket,
+        plan_buckets,
+        unpack_bucket,
     )
     from genrm_serve.engines.worker import EngineWorker, create_engine_worker
     from genrm_serve.limits import ENGINE_START_TIMEOUT_S

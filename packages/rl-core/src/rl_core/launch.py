@@ -63,6 +63,7 @@ from rl_core.placement.realize import (
 )
 from rl_core.rewards import PostProcessHook, custom_post_process, defer_swap_post_process
 from rl_core.trainer import GRPOTrainer, RewardSetup
+from rl_core.weight_sync import choose_weight_sync, make_weight_sync
 
 logger = logging.getLogger(__name__)
 
@@ -360,13 +361,31 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
             participants.update({f"genrm:{k}": JudgeSleeper(url, k) for k in instances})
             startup["judge_service"] = time.perf_counter() - t0
 
+        phases = PhaseMachine(phases_from_plan(plan), participants)
+        if not plan.phases_overlap:
+            # Colocated: the engines sharing the actor's GPUs sleep (as in the train phase)
+            # before the trainer loads, so its weights never meet theirs at start-up.
+            t0 = time.perf_counter()
+            await phases.enter("train")
+            startup["engines_sleep"] = time.perf_counter() - t0
+
         t0 = time.perf_counter()
         groups = await start_trainer_groups(cfg, realized, policy_path, prefix)
         learner = groups["actor"]
         precision = learner.precision
-        participants["actor"] = CallbackSleeper(learner.offload, learner.onload)
+        phases.add("actor", CallbackSleeper(learner.offload, learner.onload))
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
         startup["trainer"] = time.perf_counter() - t0
+
+        sync_path = choose_weight_sync(
+            plan, use_gpus=use_gpus, device=cfg.device, engine=rollout_engine
+        )
+        weight_sync = make_weight_sync(sync_path, learner, engines, plan=plan)
+        t0 = time.perf_counter()
+        await weight_sync.setup()
+        startup["weight_sync_setup"] = time.perf_counter() - t0
+        console.print(f"[bold]weight sync[/]: {sync_path}")
+        engine_actors = [e.actor for e in engines] + [a for v in judge_actors.values() for a in v]
 
         layout = await read_layout(realized, groups, engines, judge_actors)
         await asyncio.to_thread(write_layout, run_dir, layout)
@@ -376,7 +395,7 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
             learner=learner,
             tokenizer=tokenizer,
             rollout_engines=engines,
-            phases=PhaseMachine(phases_from_plan(plan), participants),
+            phases=phases,
             rewards=_reward_setup(cfg),
             train_data=load_data(cfg.prompt_data, cfg, run_dir, eval_set=False),
             eval_data=load_data(cfg.eval_prompt_data, cfg, run_dir, eval_set=True)
@@ -387,6 +406,8 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
             overlap=plan.phases_overlap,
             metrics=MetricsWriter(run_dir),
             clock=PhaseClock(console),
+            weight_sync=weight_sync,
+            memory_probe=GpuMemoryProbe(learner, engine_actors) if use_gpus else None,
         )
         history = await trainer.run()
 
@@ -416,6 +437,49 @@ def run_notes(cfg: TrainConfig) -> list[str]:
             "reference model (the loss would not change); give a coefficient > 0 to train with it"
         )
     return notes
+
+
+class GpuMemoryProbe:
+    """Used memory of every GPU of the run, read where it is used (``mem_get_info`` in each
+    trainer rank and engine: it counts every process on that GPU). Keyed ``gpu<id>`` (with
+    ``n<k>.`` for node ``k`` when the run spans nodes); GPUs without a CUDA reader are absent
+    (``--device cpu``)."""
+
+    def __init__(self, learner: Any, engine_actors: list[Any]) -> None:
+        self.learner, self.engine_actors = learner, engine_actors
+        self._engine_gpus: list[tuple[str, str]] | None = None
+
+    async def _engines_where(self) -> list[tuple[str, str]]:
+        if self._engine_gpus is None:
+            infos = await asyncio.gather(*(a.info.remote() for a in self.engine_actors))
+            self._engine_gpus = [
+                (str(i.get("node_id")), str((i.get("gpu_ids") or ["?"])[0])) for i in infos
+            ]
+        return self._engine_gpus
+
+    async def __call__(self) -> dict[str, float]:
+        ranks, where, stats = await asyncio.gather(
+            self.learner.memory(),
+            self._engines_where(),
+            asyncio.gather(*(a.stats.remote() for a in self.engine_actors)),
+        )
+        readings: dict[tuple[str, str], float] = {}
+        for r in ranks:
+            if "gpu_used_bytes" in r and r.get("gpu_ids"):
+                key = (str(r.get("node_id", "")), str(r["gpu_ids"][0]))
+                readings[key] = max(readings.get(key, 0.0), float(r["gpu_used_bytes"]))
+        for (node, gpu), st in zip(where, stats, strict=True):
+            if "gpu_used_bytes" in st:
+                key = (node, gpu)
+                readings[key] = max(readings.get(key, 0.0), float(st["gpu_used_bytes"]))
+        # rank and engine reports name nodes differently; fold by GPU id on one node
+        nodes = sorted({n for n, _ in readings if n})
+        out: dict[str, float] = {}
+        for (node, gpu), used in sorted(readings.items()):
+            prefix = f"n{nodes.index(node)}." if len(nodes) > 1 and node in nodes else ""
+            name = f"{prefix}gpu{gpu}"
+            out[name] = max(out.get(name, 0.0), used / 1e9)
+        return out
 
 
 async def start_trainer_groups(

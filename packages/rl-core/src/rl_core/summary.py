@@ -53,6 +53,31 @@ def render_summary(
         times.add_row(str(h.step), *(_fmt(h.phase_times.get(p), 1) for p in present))
     console.print(times)
 
+    handoff = sorted({k for h in history for k in h.metrics if k.startswith("handoff/")})
+    if handoff:
+        moves = Table(title="memory handoff per step (seconds): sleep, wake, offload, onload")
+        moves.add_column("step", justify="right")
+        for k in handoff:
+            moves.add_column(k.removeprefix("handoff/").removesuffix("_s"), justify="right")
+        moves.add_column("weight sync", justify="right")
+        for h in history:
+            moves.add_row(
+                str(h.step),
+                *(_fmt(h.metrics.get(k), 2) for k in handoff),
+                f"{_fmt(h.phase_times.get('weight_sync'), 2)} "
+                f"({h.metrics.get('weights/sync_path', '-')})",
+            )
+        console.print(moves)
+    mem = sorted({k for h in history for k in h.metrics if k.startswith("mem/")})
+    if mem:
+        memory = Table(title="GPU memory used at the end of each phase (GB)")
+        memory.add_column("step", justify="right")
+        for k in mem:
+            memory.add_column(k.removeprefix("mem/").removesuffix("_used_gb"), justify="right")
+        for h in history:
+            memory.add_row(str(h.step), *(_fmt(h.metrics.get(k), 1) for k in mem))
+        console.print(memory)
+
     steps = Table(title="what each step learned from")
     # short headers, few columns: readable in an 80-column terminal (the rest is in metrics.jsonl)
     for col in ("step", "reward", "±std", "acc", "judge err", "adv≠0", "kl", "clip", "len"):

@@ -20,9 +20,22 @@ Memory is bounded by construction, not by free RAM: a batch is split into chunks
 transformers' continuous batching is not used: by default it sizes its KV cache from free RAM
 (9.7 GB on the CI machines).
 
-Sleep / wake: on CUDA the weights move to CPU RAM and back (``empty_cache`` in between); on CPU
-the model object is dropped and reloaded on wake — from ``model_path``, or, after
-``update_weights``, from a snapshot this engine saved when it went to sleep.
+Memory on CUDA: ``engine_config.mem_fraction_static`` is the share of the device this engine may
+hold. At start the weights are measured on the host before they go to the device: weights larger
+than the share fail the start with the fraction and both sizes named; the rest of the share is the
+batch budget (KV cache + activations per token, :func:`batch_token_budget`), so engines that share
+a GPU at 0.6 + 0.3 cannot run each other out of memory. Without a fraction the budget is
+:data:`MAX_BATCH_TOKENS`.
+
+Sleep / wake: on CUDA the weights move into pinned host buffers allocated at the first sleep and
+reused by every later one (``non_blocking`` copies, one synchronize, ``empty_cache``; see
+``genrm_serve.engines.weights.HostOffloader``); on CPU the model object is dropped and reloaded
+on wake — from ``model_path``, or, after ``update_weights``, from a snapshot this engine saved when
+it went to sleep.
+
+Weights from a trainer arrive as a state dict (object store), as flat bf16 buckets shared through
+CUDA IPC by a trainer on the same GPU (:meth:`HFEngine.update_weights_from_ipc`), or broadcast per
+bucket over a weight group with the trainer (:meth:`HFEngine.update_weights_from_broadcast`).
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,14 +74,84 @@ from genrm_serve.engines.hf_packing import (
 )
 from genrm_serve.engines.hf_sampling import RowSampling, sample
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
+from genrm_serve.engines.weights import (
+    BucketMeta,
+    HostOffloader,
+    WeightBroadcastGroup,
+    dtype_from_name,
+    open_ipc_handle,
+    unpack_bucket,
+)
 from genrm_serve.precision import resolve_bf16
 
-__all__ = ["FALLBACK_CHAT_TEMPLATE", "MAX_BATCH_TOKENS", "HFEngine", "VerdictUnavailableError"]
+__all__ = [
+    "FALLBACK_CHAT_TEMPLATE",
+    "MAX_BATCH_TOKENS",
+    "HFEngine",
+    "VerdictUnavailableError",
+    "batch_token_budget",
+    "model_bytes",
+    "share_budget",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Upper bound on the sum over rows of (prompt + new tokens) of one engine batch.
 MAX_BATCH_TOKENS = 65536
+#: Device memory outside the engine's control (CUDA context, allocator slack), kept out of the
+#: batch budget derived from ``mem_fraction_static``.
+RESERVED_BYTES = 1 << 30
+
+
+def model_bytes(model: Any) -> int:
+    """Bytes of a model's parameters and buffers (a tied weight once)."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def batch_token_budget(config: Any, dtype: torch.dtype, free_bytes: int) -> int:
+    """Tokens (rows × padded length) of one batch that fit into ``free_bytes``.
+
+    Per token: its KV cache over every layer (2 × layers × kv heads × head dim) plus the
+    largest activations of one layer's forward (hidden states, q/k/v, the MLP's gate and up
+    projections; logits are only computed at the last position). Deliberately conservative: a
+    co-resident engine's share is what is left.
+    """
+    text = getattr(config, "text_config", None) or config
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    layers = int(text.num_hidden_layers)
+    inter = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    kv = 2 * layers * kv_heads * head_dim
+    act = 4 * hidden + (heads + 2 * kv_heads) * head_dim + 3 * inter
+    return max(0, free_bytes // ((kv + act) * dtype.itemsize))
+
+
+def share_budget(
+    model: Any, dtype: torch.dtype, fraction: float, total_bytes: int, *, engine_id: str
+) -> dict[str, int]:
+    """What ``fraction`` of a device of ``total_bytes`` holds for this model: its share, the
+    weights, and the batch token budget of the rest. Raises :class:`EngineError` naming the
+    fraction and the sizes when the weights (plus :data:`RESERVED_BYTES`) do not fit."""
+    share = int(fraction * total_bytes)
+    weights = model_bytes(model)
+    gib = 1024**3
+    if weights + RESERVED_BYTES > share:
+        raise EngineError(
+            f"engine {engine_id}: mem_fraction_static={fraction} of {total_bytes / gib:.1f} GiB "
+            f"is {share / gib:.2f} GiB, but the weights alone take {weights / gib:.2f} GiB "
+            f"(+{RESERVED_BYTES / gib:.0f} GiB reserved): raise the fraction or use a smaller "
+            "model"
+        )
+    tokens = batch_token_budget(model.config, dtype, share - weights - RESERVED_BYTES)
+    if tokens < 1:
+        raise EngineError(
+            f"engine {engine_id}: mem_fraction_static={fraction} leaves no room for a batch "
+            f"beside {weights / gib:.2f} GiB of weights"
+        )
+    return {"share_bytes": share, "weights_bytes": weights, "tokens": tokens}
 
 
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -142,6 +226,14 @@ class HFEngine(Engine):
         self._generator.seed()
         self._lock = threading.Lock()  # one forward at a time; sleep/update wait for it
         self._compiled_layers: list[Any] = []
+        #: rows × padded length of one forward batch (from mem_fraction_static on CUDA)
+        self.max_batch_tokens = MAX_BATCH_TOKENS
+        #: what the share of the device holds (bytes), once started on CUDA
+        self.memory_budget: dict[str, int] = {}
+        self._host: HostOffloader | None = None
+        self._weight_group: WeightBroadcastGroup | None = None
+        #: seconds of the last sleep / wake / weight update, for the trainer's metrics
+        self.timings: dict[str, float] = {}
         #: batches: generate calls; chunks: packed prefills (at most max_batch_size rows each)
         self.counters = {"batches": 0, "chunks": 0, "prefix_shared_tokens": 0, "forward_tokens": 0}
 
@@ -194,6 +286,8 @@ class HFEngine(Engine):
         model: Any = AutoModelForCausalLM.from_pretrained(
             path, dtype=self.dtype, attn_implementation=register_attention()
         )
+        if self.device.type == "cuda" and not self.memory_budget:
+            self._fit_share(model)  # before the weights take device memory
         model = model.to(self.device).eval()
         self._compile(model)
         return model
@@ -228,6 +322,18 @@ class HFEngine(Engine):
             self._compiled_layers = []
             return self.model(**kwargs)
 
+    def _fit_share(self, model: Any) -> None:
+        """Check the weights fit ``mem_fraction_static`` of the device; size the batch budget."""
+        fraction = self.spec.engine_config.mem_fraction_static
+        if fraction is None:
+            return
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        self.memory_budget = share_budget(
+            model, self.dtype, fraction, total, engine_id=self.engine_id
+        )
+        self.max_batch_tokens = self.memory_budget["tokens"]
+        logger.info("engine %s: memory share %s", self.engine_id, self.memory_budget)
+
     # -- prompts -----------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Any:
@@ -252,11 +358,19 @@ class HFEngine(Engine):
         await asyncio.to_thread(self._sleep)
         self.state = "asleep"
 
+    def _engine_tensors(self) -> dict[str, torch.Tensor]:
+        out = {f"param:{n}": p for n, p in self.model.named_parameters()}
+        out.update({f"buffer:{n}": b for n, b in self.model.named_buffers()})
+        return out
+
     def _sleep(self) -> None:
+        t0 = time.perf_counter()
         with self._lock:
             if self.device.type == "cuda":
-                self.model.to("cpu")
-                torch.cuda.empty_cache()
+                if self._host is None:
+                    self._host = HostOffloader(self._engine_tensors)
+                self._host.offload()  # pinned buffers reused across sleeps, then empty_cache
+                self.timings["sleep_s"] = time.perf_counter() - t0
                 return
             if self.weight_version != self._snapshot_version:
                 if self._snapshot_dir is None:
@@ -273,16 +387,18 @@ class HFEngine(Engine):
         self.state = "awake"
 
     def _wake(self) -> None:
+        t0 = time.perf_counter()
         with self._lock:
             if self.device.type == "cuda":
-                self.model.to(self.device)
+                assert self._host is not None
+                self._host.onload()
+                self.timings["wake_s"] = time.perf_counter() - t0
                 return
             assert self.model_dir is not None
             source = self._snapshot_dir if self.weight_version else self.model_dir
             self.model = self._load_model(source)  # type: ignore[arg-type]
 
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Copy ``state_dict`` (name → tensor, a subset is fine) into the model; awake only."""
+    def _check_update(self, version: int) -> None:
         if self.state != "awake":
             raise EngineAsleepError(f"engine {self.engine_id} is {self.state}: wake it first")
         if version <= self.weight_version:
@@ -290,10 +406,71 @@ class HFEngine(Engine):
                 f"engine {self.engine_id}: weight version {version} must be greater than "
                 f"{self.weight_version}"
             )
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Copy ``state_dict`` (name → tensor, a subset is fine) into the model; awake only."""
+        self._check_update(version)
+        t0 = time.perf_counter()
         await asyncio.to_thread(self._update, state_dict)
         self.weight_version = version
+        self.timings["weight_update_s"] = time.perf_counter() - t0
 
-    def _update(self, state_dict: dict[str, Any]) -> None:
+    async def update_weights_from_ipc(
+        self, buckets: list[tuple[BucketMeta, Any]], version: int, done: bool = True
+    ) -> None:
+        """Copy flat buckets shared by a trainer on this GPU (``ipc_handle``) into the model.
+
+        A sync may come in several calls (one bucket each, so the trainer holds one bucket at a
+        time); the weight version moves to ``version`` with the call marked ``done``. The copy
+        is finished (synchronized) when this returns, so the trainer may free the buckets.
+        """
+        self._check_update(version)
+        if self.device.type != "cuda":
+            raise EngineError(f"engine {self.engine_id}: CUDA IPC weights need a CUDA engine")
+        t0 = time.perf_counter()
+
+        def load() -> None:
+            for meta, handle in buckets:
+                flat = open_ipc_handle(handle, self.device.index)
+                self._update(unpack_bucket(flat, meta))
+                del flat
+            torch.cuda.synchronize(self.device)
+
+        await asyncio.to_thread(load)
+        if done:
+            self.weight_version = version
+        self.timings["weight_update_s"] = time.perf_counter() - t0
+
+    async def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str = "nccl"
+    ) -> None:
+        """Join the weight-broadcast group of trainer rank 0 (rank 0) and the engines."""
+        self._weight_group = await asyncio.to_thread(
+            WeightBroadcastGroup, host, port, rank, world_size, backend=backend
+        )
+
+    async def update_weights_from_broadcast(self, buckets: list[BucketMeta], version: int) -> None:
+        """Receive every bucket of a sync from the weight group, then serve ``version``."""
+        self._check_update(version)
+        group = self._weight_group
+        if group is None:
+            raise EngineError(f"engine {self.engine_id}: no weight group (init_weight_group)")
+        t0 = time.perf_counter()
+
+        def receive() -> None:
+            for meta in buckets:
+                dtype = dtype_from_name(meta.dtype)
+                flat = torch.empty(meta.numel, dtype=dtype, device=self.device)
+                group.broadcast(flat)
+                self._update(unpack_bucket(flat, meta))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        await asyncio.to_thread(receive)
+        self.weight_version = version
+        self.timings["weight_update_s"] = time.perf_counter() - t0
+
+    def _update(self, state_dict: Mapping[str, Any]) -> None:
         with self._lock, torch.no_grad():
             params = dict(self.model.named_parameters())
             params.update(dict(self.model.named_buffers()))
@@ -320,13 +497,21 @@ class HFEngine(Engine):
         gc.collect()
 
     def stats(self) -> dict[str, Any]:
-        return {
+        out = {
             **super().stats(),
             **self.counters,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
+            "max_batch_tokens": self.max_batch_tokens,
+            **self.memory_budget,
+            **{f"time_{k}": v for k, v in self.timings.items()},
         }
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            out |= {"gpu_used_bytes": total - free, "gpu_total_bytes": total}
+            out["gpu_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+        return out
 
     # -- generation --------------------------------------------------------------------------
     async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
@@ -398,7 +583,8 @@ class HFEngine(Engine):
         current: list[_Row] = []
         for row in sorted(rows, key=lambda r: r.prompt):
             while current and (
-                len(current) >= max_rows or _tokens(current) + _tokens([row]) > MAX_BATCH_TOKENS
+                len(current) >= max_rows
+                or _tokens(current) + _tokens([row]) > self.max_batch_tokens
             ):
                 cut = _weakest_link(current, row)
                 chunks.append(current[:cut])

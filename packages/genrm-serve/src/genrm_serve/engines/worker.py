@@ -185,6 +185,43 @@ class EngineWorker:
             await engine.update_weights(state_dict, version)
         return engine.weight_version
 
+    async def update_weights_from_ipc(
+        self, buckets: list[tuple[Any, Any]], version: int, done: bool = True
+    ) -> int:
+        """Flat weight buckets shared through CUDA IPC by a trainer on this GPU; see
+        ``HFEngine.update_weights_from_ipc``. Returns the engine's ``weight_version``."""
+        engine = self._engine()
+        assert self._lock is not None
+        async with self._lock:
+            await self._weights_method(engine, "update_weights_from_ipc")(buckets, version, done)
+        return engine.weight_version
+
+    async def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str = "nccl"
+    ) -> None:
+        """Join the weight-broadcast group of trainer rank 0 and the engines (other GPUs)."""
+        engine = self._engine()
+        await self._weights_method(engine, "init_weight_group")(
+            host, port, rank, world_size, backend
+        )
+
+    async def update_weights_from_broadcast(self, buckets: list[Any], version: int) -> int:
+        """Receive a sync's buckets from the weight group; returns the new ``weight_version``."""
+        engine = self._engine()
+        assert self._lock is not None
+        async with self._lock:
+            await self._weights_method(engine, "update_weights_from_broadcast")(buckets, version)
+        return engine.weight_version
+
+    def _weights_method(self, engine: Engine, name: str) -> Any:
+        method = getattr(engine, name, None)
+        if method is None:
+            raise EngineError(
+                f"engine {self.engine_id} ({type(engine).__name__}) has no {name}: "
+                "use the object-store path (update_weights)"
+            )
+        return method
+
     async def check_health(self) -> None:
         """Raise if this engine cannot serve (asleep counts as healthy: it can be woken)."""
         if self.engine is None or self._loop_task is None:

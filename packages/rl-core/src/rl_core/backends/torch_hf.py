@@ -176,6 +176,7 @@ class TorchHFBackend(TrainingBackend):
         )
         self.step = 0
         self.offloaded = False
+        self._host: Any = None  # HostOffloader, made at the first offload on a GPU
         softcap = getattr(self.model.config, "final_logit_softcapping", None)
         self._softcap: float | None = float(softcap) if softcap else None
 
@@ -288,27 +289,54 @@ class TorchHFBackend(TrainingBackend):
             for k, v in self.model.named_parameters()
         }
 
-    def _move(self, device: torch.device) -> None:
-        self.model.to(device)
-        for state in self.optimizer.state.values():
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The policy's parameters in a fixed order (a tied weight once): the bucketed
+        transfers' source. While offloaded they are the pinned host buffers, which a transfer
+        reads as they are (no onload)."""
+        return [(k, v.detach()) for k, v in self.model.named_parameters()]
+
+    def offload_tensors(self) -> dict[str, torch.Tensor]:
+        """Everything that lives on the device between steps: weights, gradients (if any), the
+        optimizer's state, the reference model. Names are stable across steps, so the host
+        buffers of one offload are the buffers of the next."""
+        out: dict[str, torch.Tensor] = {}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for n, p in self.model.named_parameters():
+            out[f"param:{n}"] = p
+            if p.grad is not None:
+                out[f"grad:{n}"] = p.grad
+        for p, state in self.optimizer.state.items():
             for k, v in state.items():
                 if isinstance(v, torch.Tensor):
-                    state[k] = v.to(device)
+                    out[f"optim:{names.get(id(p), id(p))}:{k}"] = v
         if self.ref_model is not None:
-            self.ref_model.to(device)
+            for n, p in self.ref_model.named_parameters():
+                out[f"ref:{n}"] = p
+        return out
+
+    def _offloader(self) -> Any:
+        if self._host is None:
+            from genrm_serve import HostOffloader
+
+            self._host = HostOffloader(self.offload_tensors)
+        return self._host
 
     def offload(self) -> None:
+        """Weights, grads and Adam state into pinned host buffers allocated once (on CUDA)."""
         if not self.offloaded:
             if self.device.type != "cpu":
-                self._move(torch.device("cpu"))
-                torch.cuda.empty_cache()
+                self._offloader().offload()
             self.offloaded = True
 
     def onload(self) -> None:
         if self.offloaded:
             if self.device.type != "cpu":
-                self._move(self.device)
+                self._offloader().onload()
             self.offloaded = False
+
+    def last_move(self) -> dict[str, float]:
+        """Seconds of the last offload / onload (empty on CPU, where nothing moves)."""
+        return dict(self._host.last) if self._host is not None else {}
 
     def _check_loaded(self) -> None:
         if self.offloaded:

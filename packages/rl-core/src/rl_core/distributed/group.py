@@ -241,6 +241,37 @@ class TrainGroup(_RayGroup):
     async def onload(self) -> None:
         await self._all("onload")
 
+    async def memory(self) -> list[dict[str, Any]]:
+        """Every rank's GPU memory now (and its last offload / onload seconds)."""
+        return await self._all("memory")
+
+    # --- weights on the device (``rl_core.weight_sync``) ---------------------------------------
+
+    async def weight_buckets(
+        self, bucket_bytes: int, dtype: str, ranks: Sequence[int] = (0,)
+    ) -> list[Any]:
+        """Plan the next sync on ``ranks`` (every rank holds the same weights: the same plan)."""
+        plans = await asyncio.gather(
+            *(self.workers[r].weight_buckets.remote(bucket_bytes, dtype) for r in ranks)
+        )
+        return list(plans[0])
+
+    async def export_bucket_ipc(self, rank: int, index: int) -> Any:
+        return await self.workers[rank].export_bucket_ipc.remote(index)
+
+    async def release_ipc(self, ranks: Sequence[int]) -> None:
+        await asyncio.gather(*(self.workers[r].release_ipc.remote() for r in ranks))
+
+    async def weight_group_address(self) -> tuple[str, int]:
+        addr, port = await self.workers[0].address.remote()
+        return str(addr), int(port)
+
+    async def init_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
+        await self.workers[0].init_weight_group.remote(host, port, world_size, backend)
+
+    async def broadcast_weights(self) -> float:
+        return float(await self.workers[0].broadcast_weights.remote())
+
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
         await self._all("save", str(path), extra)
 
