@@ -304,11 +304,12 @@ def test_defer_swap_16_judge_engine_spans_whole_nodes(two_nodes: Cluster, made: 
 def test_engine_that_cannot_span_is_refused_when_it_lands_on_two_nodes(
     two_nodes: Cluster, made: list[Any]
 ) -> None:
-    # The user claims 16-GPU nodes, so the plan accepts one 16-GPU hf engine; the cluster's nodes
-    # have 8, and the realisation must refuse rather than start an engine across two nodes.
+    # The user claims 16-GPU nodes, so the plan accepts one 16-GPU single-process engine; the
+    # cluster's nodes have 8, and the realisation must refuse rather than start one across two.
+    # (scripted: one process, cannot span nodes; an hf engine of 16 GPUs the plan refuses outright)
     p = plan(
         "--genrm-model-path", "/m/judge", "--genrm-num-gpus-per-engine", "16",
-        "--genrm-engine", "hf", "--num-gpus-per-node", "16",
+        "--genrm-engine", "scripted", "--num-gpus-per-node", "16",
         "--genrm-engine-config", '{"mem_fraction_static": 0.3}',
         "--sglang-mem-fraction-static", "0.6",
         "--resource", '{"actor": [1, 16], "rollout": [1, 16], "genrm": [1, 16]}', "--colocate",

@@ -30,11 +30,11 @@ def test_backend_autocast_follows_the_probe(monkeypatch, tiny_model_path, probe,
 
 
 def test_cpu_demo_asks_for_auto_and_the_flag_still_forces():
-    demo, _ = parse_train_args(["--preset", "cpu-demo"])
+    demo = parse_train_args(["--preset", "cpu-demo"])
     assert demo.bf16 is None
-    forced, _ = parse_train_args(["--preset", "cpu-demo", "--bf16"])
+    forced = parse_train_args(["--preset", "cpu-demo", "--bf16"])
     assert forced.bf16 is True
-    off, _ = parse_train_args(["--preset", "cpu-demo", "--no-bf16"])
+    off = parse_train_args(["--preset", "cpu-demo", "--no-bf16"])
     assert off.bf16 is False
 
 
