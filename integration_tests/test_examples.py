@@ -28,8 +28,10 @@ os.environ.setdefault("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "300")
 import contextlib
 import io
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -236,11 +238,18 @@ def test_troubleshooting_genrm_not_enabled() -> None:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """A fresh local Ray with 8 logical GPUs; yields the dashboard's address."""
+    """A fresh local Ray with 8 logical GPUs; yields the dashboard's address.
+
+    Its own temp dir: Ray's job supervisor gives a job the cluster named in
+    ``<temp dir>/ray_current_cluster``, and under the shared ``/tmp/ray`` that is whichever
+    cluster any process on the machine started last (seen: a job landing on another cluster).
+    """
     os.environ["PATH"] = _env()["PATH"]  # Ray's processes (and so the jobs) inherit it
     import ray
 
+    temp_dir = tempfile.mkdtemp(prefix="ray-ex-", dir="/tmp")  # short: socket paths ≤ 107
     ctx = ray.init(
+        _temp_dir=temp_dir,
         address="local",
         num_cpus=16,  # logical: placement bundles reserve one each, not real cores
         num_gpus=8,
@@ -252,6 +261,7 @@ def ray_cluster() -> Iterator[str]:
         yield f"http://{ctx.dashboard_url}"
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _script(**kw: Any) -> str:
