@@ -94,6 +94,16 @@ async def test_overloaded_after_every_retry(server: StandIn) -> None:
     assert "queue full" in str(info.value) and "3 attempt(s)" in str(info.value)
 
 
+async def test_a_503_marked_not_to_be_retried_is_raised_at_once(server: StandIn) -> None:
+    failed = {"error": {"type": "engine_unavailable", "message": "the retry failed too"}}
+    server.queue("/generate", 503, failed, {"x-should-retry": "false"}, times=4)
+    async with AsyncGenRMClient(server.url, max_retries=3) as client:
+        with pytest.raises(GenRMOverloadedError) as info:
+            await client.generate(MSG)
+    assert server.hits["/generate"] == 1  # the service already retried it on another engine
+    assert "1 attempt(s)" in str(info.value) and "the retry failed too" in str(info.value)
+
+
 async def test_429_retry_after_is_honoured(server: StandIn, fast_backoff: list[int]) -> None:
     server.queue("/generate", 429, {}, {"Retry-After": "1"})
     async with AsyncGenRMClient(server.url) as client:

@@ -58,3 +58,17 @@ def test_retry_after_wins_over_backoff_and_is_capped() -> None:
     assert retry_delay(5, 0.0) == 0.0
     assert retry_delay(0, 10_000.0) == RETRY_AFTER_MAX_S
     assert 0 < retry_delay(0, None) <= BACKOFF_INITIAL_S
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "retried"),
+    [
+        pytest.param(503, {"x-should-retry": "false"}, False, id="503-told-not-to"),
+        pytest.param(503, {"X-Should-Retry": "False"}, False, id="case-insensitive"),
+        pytest.param(503, {"Retry-After": "1"}, True, id="503-plain"),
+        pytest.param(409, {"x-should-retry": "true"}, True, id="4xx-told-to"),
+        pytest.param(503, {"x-should-retry": "maybe"}, True, id="junk-ignored"),
+    ],
+)
+def test_should_retry_obeys_the_server(status: int, headers: dict[str, str], retried: bool) -> None:
+    assert should_retry(status, headers) is retried

@@ -515,3 +515,158 @@ def test_an_engine_past_the_deadline_is_504_and_the_service_recovers(
     time.sleep(2.0)  # the engine finishes the slow batch it had started
     r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
     assert r.status_code == 200
+
+
+# ---- bounds: body size, max_response_len -------------------------------------------------------
+
+
+def test_a_body_over_the_limit_is_413_before_parsing(multi: ServeArgs) -> None:
+    limit = multi.max_request_body_bytes
+    big = b'{"messages": [{"role": "user", "content": "' + b"x" * (limit + 1) + b'"}]}'
+    r = httpx.post(
+        f"{multi.url}/generate",
+        content=big,
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 413
+    err = r.json()["error"]
+    assert err["type"] == "request_too_large"
+    assert f"max_request_body_bytes={limit}" in err["message"]
+    # Not JSON at all, and over the limit: still 413 (nothing was parsed), not 422.
+    junk = httpx.post(f"{multi.url}/generate", content=b"\xff" * (limit + 10), timeout=60)
+    assert junk.status_code == 413
+    ok = _post(multi, "/generate", {"messages": [USER], "route_key": "safety"})
+    assert ok.status_code == 200
+
+
+def test_a_streamed_body_is_counted_and_refused_past_the_limit(multi: ServeArgs) -> None:
+    limit = multi.max_request_body_bytes
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: sent chunked
+        for _ in range(limit // 65536 + 2):
+            yield b" " * 65536
+
+    r = httpx.post(f"{multi.url}/generate_batch", content=chunks(), timeout=60)
+    assert r.status_code == 413
+    assert r.json()["error"]["type"] == "request_too_large"
+    # Just under the limit is read (and then judged on its merits: not JSON → 422).
+    under = httpx.post(f"{multi.url}/generate", content=b" " * (limit - 1), timeout=60)
+    assert under.status_code == 422
+
+
+def test_max_response_len_over_max_context_len_is_422_naming_the_field(multi: ServeArgs) -> None:
+    # quality: max_context_len 50
+    r = _post(
+        multi,
+        "/generate",
+        {
+            "messages": [USER],
+            "route_key": "quality",
+            "sampling_params": {"max_response_len": 10**12},
+        },
+    )
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request"
+    assert f"sampling_params.max_response_len={10**12}" in err["message"]
+    assert "max_context_len=50" in err["message"]
+    at = _post(
+        multi,
+        "/generate",
+        {"messages": [USER], "route_key": "quality", "sampling_params": {"max_response_len": 50}},
+    )
+    assert at.status_code == 200
+    batch = _post(
+        multi,
+        "/generate_batch",
+        {
+            "requests": [
+                {"messages": [USER], "route_key": "quality"},
+                {
+                    "messages": [USER],
+                    "route_key": "quality",
+                    "sampling_params": {"max_response_len": 51},
+                },
+            ]
+        },
+    )
+    assert batch.status_code == 200
+    first, second = batch.json()["results"]
+    assert first["response"].startswith("q|quality|")
+    assert second["error"]["type"] == "invalid_request"
+    assert "requests[1].sampling_params.max_response_len=51" in second["error"]["message"]
+    chat = _post(
+        multi,
+        "/v1/chat/completions",
+        {"model": "quality", "messages": [USER], "max_tokens": 10**12},
+    )
+    assert chat.status_code == 422
+    assert f"max_tokens={10**12}" in chat.json()["error"]["message"]
+
+
+# ---- one retry owner -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def failing(serve_port: int) -> Iterator[ServeArgs]:
+    """Engines that answer every generate with an error (but pass their health probes)."""
+    instances = build_instances(
+        instances={
+            "pair": {"model_path": _script(fail_every=1), "num_gpus": 2},
+            "single": {"model_path": _script(fail_every=1), "num_gpus": 1},
+        },
+        engine="scripted",
+    )
+    args = ServeArgs(
+        port=serve_port,
+        app_name="failing",
+        route_prefix="/failing/genrm",
+        api_key=None,
+        engine_num_cpus=0.1,
+        health_check_period_s=0.5,
+    )
+    deploy(build_app(instances, args=args), args)
+    wait_until_healthy(args, 120)
+    yield args
+
+
+def _engine_calls(args: ServeArgs, route_key: str) -> int:
+    total = 0
+    for s in _get(args, "/engines").json()["instances"][route_key]:
+        actor = ray.get_actor(s["actor_name"], namespace=s["namespace"])
+        total += int(ray.get(actor.stats.remote(), timeout=30)["calls"])
+    return total
+
+
+async def test_a_failed_over_request_is_not_retried_by_the_client(failing: ServeArgs) -> None:
+    from genrm_client import AsyncGenRMClient, GenRMHTTPError
+
+    before = _engine_calls(failing, "pair")
+    async with AsyncGenRMClient(failing.url, max_retries=3, timeout=60) as client:
+        with pytest.raises(GenRMHTTPError) as info:
+            await client.generate([USER], route_key="pair")
+    assert info.value.status == 503
+    assert "1 attempt(s)" in str(info.value)  # x-should-retry: false was honoured
+    # Once on each engine (the router's failover), never again: 2, not (1 + 3) x 2 = 8.
+    assert _engine_calls(failing, "pair") - before == 2
+    r = _post(failing, "/generate", {"messages": [USER], "route_key": "pair"})
+    assert r.status_code == 503 and r.headers["x-should-retry"] == "false"
+    assert "retry-after" not in r.headers
+
+
+async def test_with_no_engine_to_fail_over_to_the_client_owns_the_retry(
+    failing: ServeArgs,
+) -> None:
+    from genrm_client import AsyncGenRMClient, GenRMHTTPError
+
+    before = _engine_calls(failing, "single")
+    async with AsyncGenRMClient(failing.url, max_retries=2, timeout=60) as client:
+        with pytest.raises(GenRMHTTPError) as info:
+            await client.generate([USER], route_key="single")
+    assert info.value.status == 503
+    # One engine: the router cannot fail over, so each of the 1 + 2 client attempts ran once.
+    assert _engine_calls(failing, "single") - before == 3
+    r = _post(failing, "/generate", {"messages": [USER], "route_key": "single"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert "x-should-retry" not in r.headers

@@ -17,8 +17,10 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from genrm_client.types import Message, SamplingParams
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
 from genrm_serve.engines.base import (
+    Engine,
     EngineAsleepError,
     EngineError,
+    EngineOutput,
     EngineRequest,
     PromptTooLongError,
 )
@@ -128,10 +130,37 @@ async def test_worker_goes_into_the_given_bundle(ray_cluster: None) -> None:
         info = await handle.info.remote()  # type: ignore[attr-defined]
         assert info["engine_id"] == "judge/1" and info["engine"] == "ScriptedEngine"
         assert info["placement_group_id"] == pg.id.hex()
-        assert info["gpu_ids"] == []  # no GPUs in this cluster: the engine asked for none
+        assert info["gpu_ids"] == []  # the bundle holds no GPU: the engine asked for none
         ray.kill(handle)
     finally:
         remove_placement_group(pg)
+
+
+@pytest.mark.parametrize(
+    ("engine", "device", "cluster_gpus", "expected"),
+    [
+        pytest.param("hf", "auto", True, True, id="gpu-engine-on-a-gpu-cluster"),
+        pytest.param("hf", "cpu", True, False, id="cpu-device-asks-no-gpu"),
+        pytest.param("scripted", "auto", True, False, id="scripted-never-asks"),
+        pytest.param("hf", "auto", False, False, id="no-gpus-in-the-cluster"),
+    ],
+)
+def test_an_engine_asks_for_gpus_only_when_it_computes_on_one(
+    engine: str, device: str, cluster_gpus: bool, expected: bool
+) -> None:
+    from genrm_serve.config import InstanceSpec
+    from genrm_serve.engine_refs import instance_bundles, needs_gpus
+
+    spec = InstanceSpec(
+        route_key="j",
+        model_path="/models/judge",
+        num_gpus=2,
+        engine=engine,
+        engine_config=EngineConfig(device=device),
+    )
+    assert needs_gpus(spec, cluster_gpus) is expected
+    bundles = instance_bundles(spec, with_gpus=expected, engine_num_cpus=0.1)
+    assert [b.get("GPU", 0.0) for b in bundles] == [1.0 if expected else 0.0] * 2
 
 
 async def test_in_process_worker_without_ray() -> None:
@@ -154,7 +183,8 @@ async def test_hf_engine_in_an_actor_batches_real_forward_passes(
         model_path=str(tiny),
         num_gpus=1,
         engine="hf",
-        engine_config=EngineConfig(max_batch_size=8),
+        # a CPU test says so: on a GPU host the actor then asks Ray for no GPU
+        engine_config=EngineConfig(max_batch_size=8, device="cpu"),
         sampling_config=SamplingParams(temperature=0.0, max_response_len=3).merged_over(
             DEFAULT_SAMPLING
         ),
@@ -164,12 +194,13 @@ async def test_hf_engine_in_an_actor_batches_real_forward_passes(
     slow = 240  # an actor importing torch on a busy 2-core machine
     await asyncio.wait_for(h.start.remote(), slow)
     prompts = [f"Is {i} equal to {i}? " * 3 for i in range(12)]
-    # generate_many enqueues all 12 at once: exactly two forward batches of at most 8
+    # generate_many's 12 stay one engine batch (a group is not split by the batcher); the
+    # engine runs it as two forward passes of at most 8 rows
     outs = await asyncio.wait_for(h.generate_many.remote([_req(p) for p in prompts]), slow)
     assert all(o.completion_tokens == 3 or o.finish_reason == "stop" for o in outs)
-    assert [o.extra["batch_size"] for o in outs] == [8] * 8 + [4] * 4
+    assert [o.extra["batch_size"] for o in outs] == [12] * 12
     stats = await h.stats.remote()
-    assert (stats["batches"], stats["max_batch"]) == (2, 8), stats
+    assert (stats["batches"], stats["max_batch"], stats["chunks"]) == (1, 12, 2), stats
     assert stats["device"] == "cpu"
     assert stats["torch_threads"] == len(os.sched_getaffinity(0))  # not Ray's OMP_NUM_THREADS=1
     alone = await asyncio.wait_for(h.generate.remote(_req(prompts[5])), slow)
@@ -179,3 +210,55 @@ async def test_hf_engine_in_an_actor_batches_real_forward_passes(
     again = await asyncio.wait_for(h.generate.remote(_req(prompts[5])), slow)
     assert again.text == alone.text  # the weights came back
     ray.kill(handle)
+
+
+class _RecordingEngine(Engine):
+    """Answers each request with its id and records which ids shared an engine batch."""
+
+    def __init__(self, spec: InstanceSpec) -> None:
+        super().__init__(spec, "judge/0")
+        self.batches: list[list[str]] = []
+
+    async def start(self) -> None:
+        self.state = "awake"
+
+    async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
+        self.batches.append([str(r.request_id) for r in requests])
+        await asyncio.sleep(0.02)  # the next calls queue up meanwhile
+        return [EngineOutput(str(r.request_id), "stop", 1, 1) for r in requests]
+
+    async def sleep(self) -> None:
+        self.state = "asleep"
+
+    async def wake(self) -> None:
+        self.state = "awake"
+
+
+async def test_a_group_sent_together_is_never_split_across_engine_batches() -> None:
+    """GRPO groups arrive as ``generate_many`` calls: each lands in one engine batch, whole
+    groups fill a batch up to ``max_batch_size``, and a group larger than that goes alone."""
+    spec = _spec({}, max_batch_size=8)
+    engine = _RecordingEngine(spec)
+    worker = EngineWorker(spec, 0, engine=engine, batch_wait_s=0.05)
+    await worker.start()
+
+    def group(name: str, n: int) -> list[EngineRequest]:
+        return [
+            EngineRequest(sampling=SamplingParams(), request_id=f"{name}{i}", messages=[])
+            for i in range(n)
+        ]
+
+    sizes = {"a": 5, "b": 5, "c": 3, "d": 12, "e": 2, "f": 6}
+    calls = [worker.generate_many(group(name, n)) for name, n in sizes.items()]
+    singles = [worker.generate(group(f"s{i}-", 1)[0]) for i in range(3)]
+    results = await asyncio.gather(*calls, *singles)
+    assert [o.text for o in results[0]] == [f"a{i}" for i in range(5)]  # answers in order
+    where = {rid: b for b, batch in enumerate(engine.batches) for rid in batch}
+    for name, n in sizes.items():
+        assert len({where[f"{name}{i}"] for i in range(n)}) == 1, (name, engine.batches)
+    assert [len(b) for b in engine.batches if "d0" in b] == [12]  # over the limit: alone
+    assert all(len(b) <= 8 for b in engine.batches if "d0" not in b)
+    assert len(engine.batches) <= 6  # groups were packed together, not one batch each
+    stats = await worker.stats()
+    assert stats["queue_depth"] == 0 and stats["succeeded"] == sum(sizes.values()) + 3
+    await worker.shutdown()

@@ -13,9 +13,11 @@ from genrm_client import (
     GenRMTimeoutError,
     UnknownRouteKeyError,
 )
-from genrm_client.types import GenerateRequest, GenerateResponse
+from genrm_client.types import GenerateMeta, GenerateRequest, GenerateResponse
 from genrm_rewards import RewardInputError, dapo_genrm
+from genrm_rewards.args import resolve_args
 from genrm_rewards.dapo_genrm import compute_score, compute_score_batch
+from genrm_rewards.errors import RewardConfigError
 
 
 def sample(answer: str = "42", label: str = "42") -> Sample:
@@ -225,3 +227,58 @@ async def test_big_batch_goes_out_in_concurrent_chunks() -> None:
     assert [r["score"] for r in results] == [1.0] * 10
     assert judge.batch_calls == 3  # 4 + 4 + 2
     assert judge.max_in_flight == 3  # sent concurrently, not one after the other
+
+
+class _ProbJudge(JudgeDouble):
+    """Adds ``meta.verdict_prob`` to replies of requests that ask for it, as the hf engine does."""
+
+    def __init__(self, probs: dict[str, float]) -> None:
+        super().__init__("1")
+        self.probs = probs  # answer → P("1") / (P("1") + P("0"))
+
+    async def generate_batch(
+        self, requests: list[GenerateRequest]
+    ) -> list[GenerateResponse | GenRMError]:
+        replies = await super().generate_batch(requests)
+        out: list[GenerateResponse | GenRMError] = []
+        for req, reply in zip(requests, replies, strict=True):
+            assert isinstance(reply, GenerateResponse)
+            if req.sampling_params is not None and req.sampling_params.logprob_verdict:
+                text = answer_block([m.model_dump() for m in req.messages])
+                prob = next(p for a, p in self.probs.items() if a in text)
+                reply = GenerateResponse(response="1", meta=GenerateMeta(verdict_prob=prob))
+            out.append(reply)
+        return out
+
+
+async def test_logprob_verdict_is_a_soft_score_from_the_reply_meta() -> None:
+    judge = _ProbJudge({"42": 0.8, "41": 0.3})
+    args = Args(genrm_verdict="logprob", verdict_cache=False)
+    results = await compute_score_batch(args, [sample("42"), sample("41")], client=judge)
+    assert [(r["score"], r["acc"], r["status"]) for r in results] == [
+        (0.8, 1, "ok"),
+        (0.3, 0, "ok"),
+    ]
+    assert all(params and params["logprob_verdict"] for _, _, params in judge.calls)
+    single = await compute_score(args, sample("41"), client=judge)
+    assert single["score"] == 0.3
+    strict = await compute_score(Args(verdict_cache=False), sample("41"), client=judge)
+    assert strict["score"] == 1.0  # strict parsing stays the default
+
+
+async def test_logprob_verdict_without_a_probability_is_a_judge_error() -> None:
+    args = Args(genrm_verdict="logprob", verdict_cache=False)
+    result = await compute_score(args, sample(), client=JudgeDouble("1"))
+    assert result["status"] == "judge_error" and result["score"] is None
+    assert "verdict_prob" in result["error"]
+
+
+def test_logprob_verdict_refuses_a_thinking_judge() -> None:
+    args = Args(
+        genrm_verdict="logprob",
+        reward_sampling_params='{"chat_template_kwargs": {"enable_thinking": true}}',
+    )
+    with pytest.raises(RewardConfigError, match="thinking off"):
+        resolve_args(args)
+    with pytest.raises(RewardConfigError, match="genrm_verdict"):
+        resolve_args(Args(genrm_verdict="soft"))

@@ -70,7 +70,10 @@ def test_custom_keys_and_missing_file(tmp_path):
 
 
 def test_aime_eval_set():
-    ds = load_prompt_data(SHARED / "data/aime-2024/aime-2024.jsonl", strict=True)
+    path = SHARED / "data/aime-2024/aime-2024.jsonl"
+    if not path.is_file() and not os.environ.get("CI"):  # CI has the shared data: required there
+        pytest.skip(f"the shared data folder is absent here ({path}; set GENRM_SHARED_DIR)")
+    ds = load_prompt_data(path, strict=True)
     assert len(ds) == 30
     assert ds.records[0].metadata["label"] == ds.records[0].label == "204"
     assert "Aya" in ds.records[0].metadata["question"]

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from ray_clusters import logical_gpu_cluster
 
 from rl_core.placement import (
     EnginePlacement,
@@ -73,23 +74,8 @@ def plan(*argv: str) -> PlacementPlan:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            **_NODE,
-            # no pool of idle workers started up front: this machine has 2 real cores
-            "_system_config": {
-                "prestart_worker_first_driver": False,
-                "enable_worker_prestart": False,
-            },
-        },
-    )
-    try:
-        ray.init(address=c.address, log_to_driver=False)
+    with logical_gpu_cluster(**_NODE) as c:
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 @pytest.fixture(scope="module")

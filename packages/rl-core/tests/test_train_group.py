@@ -61,7 +61,7 @@ def _items(n: int, vocab: int = 200, seed: int = 0) -> list[TrainItem]:
     return out
 
 
-async def _group(model: Path, ranks: int, name: str) -> tuple[TrainGroup, Any]:
+async def _group(model: Path, ranks: int, name: str, **extra: Any) -> tuple[TrainGroup, Any]:
     cfg = build_config(
         hf_checkpoint=str(model),
         prompt_data="unused.jsonl",
@@ -71,9 +71,19 @@ async def _group(model: Path, ranks: int, name: str) -> tuple[TrainGroup, Any]:
         lr=1e-4,  # the original uses 1e-6; Adam turns rounding noise into lr-sized steps
         weight_decay=0.1,
         max_tokens_per_gpu=64,  # several micro-batches per rank
+        **extra,
     )
     realized = create_placement_groups(cfg.plan, use_gpus=False)
-    group = TrainGroup(realized, "actor", str(model), cfg.backend, device="cpu", name_prefix=name)
+    group = TrainGroup(
+        realized,
+        "actor",
+        str(model),
+        cfg.backend,
+        device="cpu",
+        name_prefix=name,
+        train_backend=cfg.train_backend,
+        megatron=cfg.megatron,
+    )
     where = await group.start()
     assert [w["rank"] for w in where] == list(range(ranks))
     return group, realized
@@ -105,6 +115,28 @@ async def test_one_and_two_ranks_take_the_same_step(local_ray: None, model: Path
     assert any(not torch.equal(weights[1][k], v) for k, v in initial.items())  # it trained
     for key in ("loss", "pg_loss", "train_tokens", "grad_norm"):
         assert metrics[1][key] == pytest.approx(metrics[2][key], rel=1e-4, abs=1e-6), key
+
+
+async def test_megatron_ranks_take_the_torch_step(local_ray: None, model: Path) -> None:
+    """``--train-backend megatron`` through the same group: 2 data-parallel ranks give the
+    HF-named weights the torch backend's single rank gives (tensor parallelism is checked in
+    test_megatron_backend.py; the tiny model's vocabulary of 465 does not split in two)."""
+    pytest.importorskip("megatron.core", reason="needs the genrm-rl-core[megatron] extra")
+    items = _items(10)
+    torch_group, torch_realized = await _group(model, 1, "t1-")
+    await torch_group.train(items, batch_size=len(items))
+    expected = await (await torch_group.export_weights())
+    await torch_group.shutdown()
+    torch_realized.remove()
+    group, realized = await _group(model, 2, "mg2-", train_backend="megatron")
+    assert group.data_parallel_size == 2
+    await group.train(items, batch_size=len(items))
+    got = await (await group.export_weights())
+    await group.shutdown()
+    realized.remove()
+    assert got.keys() == expected.keys()
+    for name, w in expected.items():
+        assert torch.allclose(got[name], w, atol=1e-5, rtol=0), name
 
 
 def _initial(model: Path) -> dict[str, torch.Tensor]:

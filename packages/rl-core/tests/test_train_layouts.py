@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 from ray.cluster_utils import Cluster
+from ray_clusters import logical_gpu_cluster
 
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math
@@ -34,23 +34,8 @@ _NODE = {"num_cpus": 16, "num_gpus": 8}  # logical CPUs and GPUs, not real cores
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            **_NODE,
-            "include_dashboard": True,  # Ray's state API answers through the dashboard
-            "_system_config": {
-                "prestart_worker_first_driver": False,
-                "enable_worker_prestart": False,
-            },
-        },
-    )
-    try:
-        ray.init(address=c.address, log_to_driver=False)
+    with logical_gpu_cluster(dashboard=True, **_NODE) as c:  # the state API needs the dashboard
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -195,13 +180,37 @@ async def test_one_node_of_8_gpus(cluster: Cluster, files: dict[str, Path], name
     assert gpus == {str(i) for i in range(8)}  # the whole node is used, by the plan's roles
 
 
-async def test_two_nodes_of_8_gpus_split(cluster: Cluster, files: dict[str, Path]) -> None:
+async def test_a_plan_larger_than_the_cluster_is_refused_at_once(
+    cluster: Cluster, files: dict[str, Path]
+) -> None:
+    import time
+
+    from rl_core.placement import PlacementUnavailableError
+
+    layout = [*SPLIT, "--resource", '{"actor": [2, 8], "rollout": [1, 8], "genrm": [1, 8]}']
+    cfg = parse_train_args([*_argv(files, "too-big", *layout), "--genrm-instances", _judges(8)])
+    t0 = time.monotonic()
+    with pytest.raises(PlacementUnavailableError, match=r"GPU: needs 16, the cluster has 8"):
+        await run_training(cfg)
+    assert time.monotonic() - t0 < 30  # not the placement group's 600 s wait
+
+
+async def test_two_nodes_of_8_gpus_fully_async(cluster: Cluster, files: dict[str, Path]) -> None:
+    """16 GPUs on two nodes: the actor's 8 ranks fill one node, the other roles the other."""
     cluster.add_node(**_NODE)
     cluster.wait_for_nodes()
-    layout = [*SPLIT, "--resource", '{"actor": [2, 8], "rollout": [1, 8], "genrm": [1, 8]}']
-    report = await _train_and_check(files, "two-nodes", layout, 8, None, "colocate-split")
-    actor_nodes = {a["node_id"] for a in report["actors"] if a["role"] == "actor"}
-    assert len(actor_nodes) == 2  # one data-parallel group across both nodes
-    rollout_nodes = {a["node_id"] for a in report["actors"] if a["role"] == "rollout"}
-    judge_nodes = {a["node_id"] for a in report["actors"] if a["role"].startswith("genrm")}
-    assert len(rollout_nodes) == len(judge_nodes) == 1 and rollout_nodes != judge_nodes
+    layout = [
+        "--fully-async",
+        "--rm-type",
+        "dapo-genrm",
+        "--resource",
+        '{"actor": [1, 8], "rollout": [1, 4], "reference": [1, 1], "actor_fwd": [1, 1], '
+        '"genrm": [1, 2]}',
+    ]
+    report = await _train_and_check(files, "two-nodes", layout, 2, None, "fully-async")
+    nodes = {a["role"]: set() for a in report["actors"]}
+    for a in report["actors"]:
+        nodes[a["role"]].add(a["node_id"])
+    assert len(nodes["actor"]) == 1
+    used = {(a["node_id"], g) for a in report["actors"] for g in a["gpu_ids"]}
+    assert len(used) == 16  # every GPU of both nodes, each by one role (checked above)

@@ -121,6 +121,13 @@ async def test_two_steps_train_and_sync(
     assert sum(r["rollout/judge_errors"] for r in records) == (2 * 8) // 5
     assert all(r["train/optimizer_steps"] == 1 for r in records)
     assert all("time/rollout" in r and "time/train" in r for r in records)
+    # every handoff of the step is timed, and the weights went by the object store (CPU)
+    for r in records:
+        assert r["weights/sync_path"] == "object_store"
+        assert {"offload/actor_s", "onload/actor_s"} <= {
+            k.removeprefix("handoff/") for k in r if k.startswith("handoff/")
+        }
+    assert [r["weights/version"] for r in records] == [1, 2]
 
 
 async def test_judge_errors_masked_and_out_of_the_baseline(

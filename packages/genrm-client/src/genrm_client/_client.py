@@ -352,7 +352,7 @@ class _Attempts:
         status = response.status_code
         if response.is_success or (self.accept is not None and self.accept(response)):
             return None
-        if _retry.should_retry(status):
+        if _retry.should_retry(status, response.headers):
             delay = self._delay_or_none(_retry.parse_retry_after(response.headers))
             if delay is not None:
                 return delay

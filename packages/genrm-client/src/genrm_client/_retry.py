@@ -1,8 +1,9 @@
 """The retry policy as small pure functions, so each rule can be tested without a network.
 
 Retried: transport errors (decided by the client), HTTP 429 and every 5xx. Never retried: any other
-4xx — a bad request or an unknown route_key does not get better by asking again. The delay is the
-server's ``Retry-After`` when it sends one (clamped to ``RETRY_AFTER_MAX_S``), else exponential
+4xx — a bad request or an unknown route_key does not get better by asking again — and any answer
+marked ``x-should-retry: false`` (the service already retried it on another engine). The delay is
+the server's ``Retry-After`` when it sends one (clamped to ``RETRY_AFTER_MAX_S``), else exponential
 backoff with jitter so that many coroutines refused at once do not come back in lockstep.
 """
 
@@ -19,12 +20,22 @@ from genrm_client._constants import (
     BACKOFF_MAX_S,
     RETRY_AFTER_MAX_S,
 )
+from genrm_client.types import SHOULD_RETRY_HEADER
 
 __all__ = ["backoff_delay", "parse_retry_after", "retry_delay", "should_retry"]
 
 
-def should_retry(status: int) -> bool:
-    """Whether an HTTP status is worth another attempt: 429 and 5xx only."""
+def should_retry(status: int, headers: Mapping[str, str] | None = None) -> bool:
+    """Whether an answer is worth another attempt: 429 and 5xx, unless the server says otherwise.
+
+    The server's ``x-should-retry`` wins when it sends one: ``false`` after the service already
+    failed the request over to a second engine, so that only one layer retries a failure.
+    """
+    if headers is not None:
+        lowered = {k.lower(): v for k, v in headers.items()}
+        verdict = lowered.get(SHOULD_RETRY_HEADER, "").strip().lower()
+        if verdict in ("true", "false"):
+            return verdict == "true"
     return status == 429 or 500 <= status <= 599
 
 

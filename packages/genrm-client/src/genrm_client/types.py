@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "DEFAULT_ROUTE_KEY",
     "ERROR_TYPE_STATUS",
+    "SHOULD_RETRY_HEADER",
     "ErrorBody",
     "ErrorDetail",
     "FinishReason",
@@ -39,15 +40,25 @@ ERROR_TYPE_STATUS: dict[str, int] = {
     "invalid_request": 422,
     "unauthorized": 401,
     "unknown_route_key": 404,
+    "not_found": 404,
+    "method_not_allowed": 405,
     "prompt_too_long": 413,
+    "request_too_large": 413,
     "overloaded": 429,
     "engine_unavailable": 503,
     "instance_asleep": 503,
     "unhealthy": 503,
+    "sleep_failed": 503,
+    "wake_failed": 503,
     "timeout": 504,
     "engine_error": 500,
     "internal": 500,
 }
+
+#: The service's verdict on retrying a failed answer (``true`` / ``false``); it wins over the
+#: status. ``false``: the request already ran on two engines (the service's failover), so a
+#: client retry would only add load.
+SHOULD_RETRY_HEADER = "x-should-retry"
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -81,6 +92,10 @@ class SamplingParams(_Strict):
     stop: list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     seed: int | None = None
+    #: Also return ``P("1") / (P("1") + P("0"))`` at the first reply position as
+    #: ``meta.verdict_prob`` (engines that support it: hf). Needs thinking off and "1" / "0"
+    #: single tokens of the judge's tokenizer; refused otherwise.
+    logprob_verdict: bool | None = None
 
     def merged_over(self, base: SamplingParams) -> SamplingParams:
         """Return ``base`` with every field this object sets taken from this object."""
@@ -104,6 +119,9 @@ class GenerateMeta(_Reply):
     route_key: str | None = None
     engine_id: str | None = None
     engine_latency_s: float | None = None
+    #: With ``sampling_params.logprob_verdict``: ``P("1") / (P("1") + P("0"))`` at the first
+    #: reply position, from the same forward pass as the reply.
+    verdict_prob: float | None = None
 
 
 class GenerateResponse(_Reply):

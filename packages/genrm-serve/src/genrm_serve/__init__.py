@@ -22,6 +22,9 @@ _EXPORTS: dict[str, str] = {
     "add_genrm_args": "genrm_serve.config",
     "instances_from_args": "genrm_serve.config",
     "ServeArgs": "genrm_serve.serve_args",
+    "CapacityError": "genrm_serve.capacity",
+    "check_fits": "genrm_serve.capacity",
+    "ENGINE_START_TIMEOUT_S": "genrm_serve.limits",
     # the service
     "build_app": "genrm_serve.app",
     "deploy": "genrm_serve.app",
@@ -36,6 +39,16 @@ _EXPORTS: dict[str, str] = {
     "EngineRequest": "genrm_serve.engines.base",
     "EngineWorker": "genrm_serve.engines.worker",
     "create_engine_worker": "genrm_serve.engines.worker",
+    # moving weights: host buffers, buckets, CUDA IPC, a broadcast group
+    "DEFAULT_BUCKET_BYTES": "genrm_serve.engines.weights",
+    "BucketMeta": "genrm_serve.engines.weights",
+    "HostOffloader": "genrm_serve.engines.weights",
+    "WeightBroadcastGroup": "genrm_serve.engines.weights",
+    "ipc_handle": "genrm_serve.engines.weights",
+    "open_ipc_handle": "genrm_serve.engines.weights",
+    "pack_bucket": "genrm_serve.engines.weights",
+    "plan_buckets": "genrm_serve.engines.weights",
+    "unpack_bucket": "genrm_serve.engines.weights",
     # running on Ray, models
     "LOCAL_RAY_ENV": "genrm_serve.ray_env",
     "apply_ray_env_defaults": "genrm_serve.ray_env",
@@ -43,7 +56,11 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "ENGINE_START_TIMEOUT_S",
     "LOCAL_RAY_ENV",
+    "BucketMeta",
+    "CapacityError",
     "Engine",
     "EngineAsleepError",
     "EngineConfig",
@@ -54,16 +71,24 @@ __all__ = [
     "EngineRequest",
     "EngineWorker",
     "GenRMConfigError",
+    "HostOffloader",
     "InstanceSpec",
     "ServeArgs",
+    "WeightBroadcastGroup",
     "__version__",
     "add_genrm_args",
     "apply_ray_env_defaults",
     "build_app",
+    "check_fits",
     "create_engine_worker",
     "deploy",
     "instances_from_args",
+    "ipc_handle",
+    "open_ipc_handle",
+    "pack_bucket",
+    "plan_buckets",
     "resolve_model_path",
+    "unpack_bucket",
     "wait_until_healthy",
 ]
 
@@ -83,6 +108,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the names as type checkers see them
     from genrm_serve.app import build_app, deploy, wait_until_healthy
+    from genrm_serve.capacity import CapacityError, check_fits
     from genrm_serve.config import (
         EngineConfig,
         GenRMConfigError,
@@ -98,7 +124,19 @@ if TYPE_CHECKING:  # the names as type checkers see them
         EngineOutput,
         EngineRequest,
     )
+    from genrm_serve.engines.weights import (
+        DEFAULT_BUCKET_BYTES,
+        BucketMeta,
+        HostOffloader,
+        WeightBroadcastGroup,
+        ipc_handle,
+        open_ipc_handle,
+        pack_bucket,
+        plan_buckets,
+        unpack_bucket,
+    )
     from genrm_serve.engines.worker import EngineWorker, create_engine_worker
+    from genrm_serve.limits import ENGINE_START_TIMEOUT_S
     from genrm_serve.models import resolve_model_path
     from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
     from genrm_serve.serve_args import ServeArgs

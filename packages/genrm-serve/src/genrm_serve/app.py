@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import httpx
@@ -23,6 +23,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 
+from genrm_serve import limits
 from genrm_serve.config import GenRMConfigError, InstanceSpec
 from genrm_serve.engine_refs import EngineSource, normalize_engines
 from genrm_serve.ingress import GenRMIngress
@@ -76,9 +77,9 @@ def build_app(
         max_ongoing_requests=_max_ongoing(instances, args),
         max_queued_requests=-1,
         ray_actor_options={"num_cpus": args.ingress_num_cpus},
-        health_check_period_s=10.0,
-        health_check_timeout_s=30.0,
-        graceful_shutdown_timeout_s=20.0,
+        health_check_period_s=limits.SERVE_HEALTH_CHECK_PERIOD_S,
+        health_check_timeout_s=limits.SERVE_HEALTH_CHECK_TIMEOUT_S,
+        graceful_shutdown_timeout_s=limits.SERVE_GRACEFUL_SHUTDOWN_TIMEOUT_S,
     )
     app: Application = deployment.bind(dict(instances), refs, args)
     return app
@@ -98,14 +99,20 @@ def wait_until_healthy(
     args: ServeArgs,
     timeout_s: float,
     *,
-    poll_s: float = 0.5,
-    log_every_s: float = 15.0,
+    poll_s: float = limits.HEALTH_POLL_S,
+    log_every_s: float = limits.PROGRESS_EVERY_S,
+    progress: Callable[[float, object], None] | None = None,
 ) -> dict[str, object]:
-    """Poll ``GET /health`` until 200; log what is still starting; raise ``TimeoutError``."""
-    deadline = time.monotonic() + timeout_s
-    next_log = time.monotonic() + log_every_s
+    """Poll ``GET /health`` until 200; report what is still starting; raise ``TimeoutError``.
+
+    ``progress(elapsed_s, last_health_body)`` is called after every poll (the CLI draws one
+    updating line from it); without it, one INFO line every ``log_every_s``.
+    """
+    start = time.monotonic()
+    deadline = start + timeout_s
+    next_log = start + log_every_s
     last: object = None
-    with httpx.Client(timeout=5.0) as client:
+    with httpx.Client(timeout=limits.HEALTH_POLL_TIMEOUT_S) as client:
         while True:
             try:
                 r = client.get(f"{args.url}/health")
@@ -117,7 +124,9 @@ def wait_until_healthy(
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError(f"GenRM service not healthy after {timeout_s}s: {last}")
-            if now >= next_log:
+            if progress is not None:
+                progress(now - start, last)
+            elif now >= next_log:
                 logger.info("waiting for the GenRM engines: %s", last)
                 next_log = now + log_every_s
             time.sleep(poll_s)

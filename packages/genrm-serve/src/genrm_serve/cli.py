@@ -10,12 +10,15 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from genrm_serve.capacity import CapacityError, check_fits, standalone_needs
 from genrm_serve.config import (
     ENGINE_KINDS,
     GenRMConfigError,
@@ -23,6 +26,13 @@ from genrm_serve.config import (
     add_genrm_args,
     build_instances,
     instances_from_args,
+)
+from genrm_serve.limits import (
+    ENGINE_START_TIMEOUT_S,
+    PROGRESS_EVERY_S,
+    SHUTDOWN_WAIT_S,
+    STATUS_TIMEOUT_S,
+    TEARDOWN_TIMEOUT_S,
 )
 from genrm_serve.ray_env import apply_ray_env_defaults
 from genrm_serve.serve_args import DEFAULT_APP_NAME, DEFAULT_PORT, DEFAULT_ROUTE_PREFIX, ServeArgs
@@ -104,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--ready-timeout",
         type=float,
-        default=1800.0,
-        help="seconds to wait for every engine to be healthy before giving up (default 1800)",
+        default=ENGINE_START_TIMEOUT_S,
+        help="seconds to wait for every engine to be healthy before giving up "
+        f"(default {ENGINE_START_TIMEOUT_S:g})",
     )
 
     run.set_defaults(parser=run)
@@ -205,39 +216,176 @@ def _resolve_run(
     return instances, args
 
 
-def _init_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False) -> None:
+def _init_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False) -> bool:
+    """Join ``address`` (or ``$RAY_ADDRESS``), else start a local Ray; True when it started one."""
     apply_ray_env_defaults()
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, namespace="genrm")
+        return False
+    ray.init(address="local", num_cpus=num_cpus, namespace="genrm", include_dashboard=dashboard)
+    return True
+
+
+class _Stop(BaseException):
+    """Raised in the main thread by SIGTERM (SIGINT raises ``KeyboardInterrupt``)."""
+
+
+def _raise_stop(signum: int, _frame: Any) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _ignore_signal(signum: int, _frame: Any) -> None:
+    print(f"{signal.Signals(signum).name}: already shutting down", file=sys.stderr, flush=True)
+
+
+def _check_capacity(instances: dict[str, InstanceSpec], args: ServeArgs) -> None:
+    """Exit early (``CapacityError``) when the instances can never be placed on this cluster."""
+    import ray
+
+    total = {k: float(v) for k, v in ray.cluster_resources().items()}  # type: ignore[no-untyped-call]
+    node_max: dict[str, float] = {}
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if node.get("Alive"):
+            for name, amount in node.get("Resources", {}).items():
+                node_max[name] = max(node_max.get(name, 0.0), float(amount))
+    with_gpus = total.get("GPU", 0.0) > 0
+    per_instance, needed = standalone_needs(
+        instances,
+        with_gpus=with_gpus,
+        engine_num_cpus=args.engine_num_cpus,
+        ingress_num_cpus=args.ingress_num_cpus,
+    )
+    asks = ", ".join(
+        f"{key!r}: {len(bundles)} engine(s) x {bundles[0] if bundles else {}}"
+        for key, bundles in per_instance.items()
+    )
+    if with_gpus:
+        hint = (
+            "Lower the instances' num_gpus (one engine per num_gpus_per_engine GPUs) or join a "
+            "cluster with more GPUs ($RAY_ADDRESS)"
+        )
     else:
-        ray.init(address="local", num_cpus=num_cpus, namespace="genrm", include_dashboard=dashboard)
+        hint = (
+            f"Lower --engine-num-cpus (now {args.engine_num_cpus:g}, CPUs reserved per engine), "
+            "give the local Ray more with --num-cpus, or lower the instances' num_gpus (each "
+            "num_gpus_per_engine GPUs is one engine, also on a CPU-only cluster)"
+        )
+    for key, bundles in per_instance.items():
+        if bundles:
+            check_fits(bundles[0], node_max, f"one engine of instance {key!r}", hint=hint)
+    check_fits(
+        needed,
+        total,
+        f"the GenRM instances ({asks}, plus {args.ingress_num_cpus:g} CPU for the ingress)",
+        hint=hint,
+    )
+
+
+class _HealthProgress:
+    """One progress line while the engines load: redrawn in place on a terminal, else one
+    line every ``PROGRESS_EVERY_S`` (a log file gets a heartbeat, not every poll)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.next_line = PROGRESS_EVERY_S
+        self.drawn = False
+
+    @staticmethod
+    def describe(body: object) -> str:
+        if isinstance(body, dict) and isinstance(body.get("instances"), dict):
+            parts = []
+            for key, h in body["instances"].items():
+                if not isinstance(h, dict):
+                    continue
+                count = ""
+                if "engines_total" in h:
+                    count = f" {h.get('engines_healthy', 0)}/{h['engines_total']} engines"
+                detail = f" [{h['detail']}]" if h.get("detail") else ""
+                parts.append(f"{key}: {h.get('status')}{count}{detail}")
+            return "; ".join(parts)
+        return str(body)
+
+    def __call__(self, elapsed_s: float, body: object) -> None:
+        line = f"waiting for the engines ({elapsed_s:.0f}s): {self.describe(body)}"
+        if self.tty:
+            width = shutil.get_terminal_size().columns - 1
+            self.stream.write("\r" + line[:width] + "\x1b[K")
+            self.stream.flush()
+            self.drawn = True
+        elif elapsed_s >= self.next_line:
+            print(line, file=self.stream, flush=True)
+            self.next_line = elapsed_s + PROGRESS_EVERY_S
+
+    def done(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _teardown(args: ServeArgs, started_ray: bool) -> None:
+    """Delete the deployment (bounded), then stop the Ray instance this process started."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    print("shutting down ...", flush=True)
+    from ray import serve
+
+    def delete() -> None:
+        try:
+            if started_ray:
+                serve.shutdown()  # type: ignore[no-untyped-call]
+            else:  # someone else's cluster: remove only our app
+                serve.delete(args.app_name)
+        except Exception as err:
+            print(f"deleting the Serve app failed: {err}", file=sys.stderr)
+
+    worker = threading.Thread(target=delete, name="genrm-teardown", daemon=True)
+    worker.start()
+    worker.join(TEARDOWN_TIMEOUT_S)
+    if worker.is_alive():
+        print(
+            f"the Serve app was not deleted within {TEARDOWN_TIMEOUT_S:g}s; stopping Ray anyway",
+            file=sys.stderr,
+        )
+    ray.shutdown()
 
 
 def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     instances, args = _resolve_run(parser, ns)
-    _init_ray(None, ns.num_cpus, ns.dashboard)
-    from ray import serve
-
-    from genrm_serve.app import build_app, deploy, wait_until_healthy
-
-    stop = {"now": False}
-
-    def _stop(_sig: int, _frame: Any) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
+    # From here on SIGINT and SIGTERM end the command at any moment (Ray start-up, the wait
+    # for health, serving) and the finally below tears down what was started.
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    started_ray = False
+    code = 0
     try:
+        started_ray = _init_ray(None, ns.num_cpus, ns.dashboard)
+        signal.signal(signal.SIGTERM, _raise_stop)  # ray.init installed its own (sys.exit)
+        from ray import serve
+
+        from genrm_serve.app import build_app, deploy, wait_until_healthy
+
+        try:
+            _check_capacity(instances, args)
+        except CapacityError as err:
+            print(f"genrm-serve run: error: {err}", file=sys.stderr, flush=True)
+            return 2
         deploy(build_app(instances, args=args), args)
         print(f"GenRM service deployed at {args.url} (instances: {', '.join(instances)})")
         print("waiting for the engines to load ...", flush=True)
+        progress = _HealthProgress(sys.stderr)
         try:
-            report = wait_until_healthy(args, ns.ready_timeout)
+            report = wait_until_healthy(args, ns.ready_timeout, progress=progress)
         except TimeoutError as err:
+            progress.done()
             print(f"error: {err}", file=sys.stderr)
             return 1
+        progress.done()
         print(f"ready: {json.dumps(report)}")
         print(f"  curl {args.url}/health")
         print(f"  OpenAI base_url: {args.url}/v1  (model = route_key)")
@@ -246,22 +394,18 @@ def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
         gcs = ray.get_runtime_context().gcs_address
         print(f"  genrm-serve shutdown --address {gcs}   (or Ctrl-C here)")
         print("Ctrl-C to stop.", flush=True)
-        while not stop["now"]:
+        while True:
             time.sleep(1.0)
             if args.app_name not in serve.status().applications:
                 print("the service was shut down from elsewhere; exiting")
                 return 0
-    except KeyboardInterrupt:
-        pass
+    except (KeyboardInterrupt, _Stop) as stop:
+        print(f"\nstopping ({stop or 'SIGINT'}) ...", file=sys.stderr, flush=True)
     finally:
-        print("shutting down ...", flush=True)
-        try:
-            serve.shutdown()  # type: ignore[no-untyped-call]
-        finally:
-            import ray
-
-            ray.shutdown()
-    return 0
+        signal.signal(signal.SIGTERM, _ignore_signal)
+        signal.signal(signal.SIGINT, _ignore_signal)
+        _teardown(args, started_ray)
+    return code
 
 
 def _cmd_status(ns: argparse.Namespace) -> int:
@@ -271,7 +415,7 @@ def _cmd_status(ns: argparse.Namespace) -> int:
     key = ns.api_key or os.environ.get("GENRM_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with httpx.Client(timeout=10.0, headers=headers) as client:
+        with httpx.Client(timeout=STATUS_TIMEOUT_S, headers=headers) as client:
             health = client.get(f"{args.url}/health")
             engines = client.get(f"{args.url}/engines")
     except httpx.HTTPError as err:
@@ -301,7 +445,7 @@ def _cmd_shutdown(ns: argparse.Namespace) -> int:
     # Not blocking: the `genrm-serve run` that owns the cluster exits (and stops Ray) as soon
     # as the app is gone, which would cut a blocking delete off mid-wait.
     serve.delete(ns.app_name, _blocking=False)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + SHUTDOWN_WAIT_S
     while time.monotonic() < deadline:
         try:
             if ns.app_name not in serve.status().applications:
@@ -310,7 +454,10 @@ def _cmd_shutdown(ns: argparse.Namespace) -> int:
             break
         time.sleep(0.5)
     else:
-        print(f"Serve app {ns.app_name!r} still deleting after 60 s", file=sys.stderr)
+        print(
+            f"Serve app {ns.app_name!r} still deleting after {SHUTDOWN_WAIT_S:g} s",
+            file=sys.stderr,
+        )
         return 1
     print(f"deleted Serve app {ns.app_name!r}")
     return 0
@@ -320,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every request at INFO: the health polls would print twice a second.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command == "run":

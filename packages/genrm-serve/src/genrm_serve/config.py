@@ -66,7 +66,7 @@ class EngineConfig(BaseModel):
     max_batch_size: int = Field(default=32, gt=0)
     #: Requests waiting per instance beyond which the service answers 429.
     max_queued_requests: int = Field(default=256, gt=0)
-    #: Weights' dtype; "auto" = bfloat16 on GPU, float32 on CPU.
+    #: Weights' dtype; "auto" = bfloat16 on GPU and on a CPU with native bf16, else float32.
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     #: Where the engine runs; "auto" = CUDA when the engine's actor was given a GPU.
     device: Literal["auto", "cpu", "cuda"] = "auto"

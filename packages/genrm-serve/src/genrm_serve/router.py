@@ -4,8 +4,11 @@ An instance (route_key) is served by a list of engine slots. Each request takes 
 engine with the fewest requests in flight; an engine holds at most ``inflight_limit`` requests at
 once (its batcher needs the next batch ready, not the whole queue), the rest wait here in FIFO
 order, and past ``max_queued_requests`` waiting the instance answers 429. An engine that fails a
-request is left out and the request tried once more on another engine; after that, 503. The
-router never probes: the supervisor owns health; the router only reports actor deaths it sees.
+request is left out and the request tried once more on another engine; after that, 503 marked
+``x-should-retry: false`` (the client does not send it a third time). With no other engine to
+try, the 503 carries ``Retry-After`` instead: waiting for the supervisor to revive an engine is
+the client's retry. The router never probes: the supervisor owns health; the router only
+reports actor deaths it sees.
 """
 
 from __future__ import annotations
@@ -255,7 +258,6 @@ class InstanceRouter:
                 future.cancel()
             if isinstance(err, TimeoutError):
                 raise ServiceError(
-                    504,
                     "timeout",
                     f"route_key={self.route_key}: no engine slot freed up within "
                     f"request_timeout_s={self.request_timeout_s}",
@@ -282,12 +284,11 @@ class InstanceRouter:
             raise
         except PromptTooLongError as err:
             raise ServiceError(
-                413, "prompt_too_long", error_message(err), route_key=self.route_key
+                "prompt_too_long", error_message(err), route_key=self.route_key
             ) from err
         except TimeoutError as err:
             _cancel(ref)
             raise ServiceError(
-                504,
                 "timeout",
                 f"route_key={self.route_key}: engine {slot.engine_id} did not answer within "
                 f"request_timeout_s={self.request_timeout_s}",
@@ -325,8 +326,9 @@ class InstanceRouter:
         except _EngineFailure as second:
             if failure.asleep and second.asleep:
                 raise ServiceError.asleep(self.route_key) from second
+            # It ran on two engines: the client must not send it again (one retry owner).
             raise ServiceError.unavailable(
-                self.route_key, f"{failure}; the retry failed too: {second}"
+                self.route_key, f"{failure}; the retry failed too: {second}", retryable=False
             ) from second
         finally:
             self.release(retry, n)
@@ -380,9 +382,7 @@ class InstanceRouter:
         if isinstance(err, ServiceError):
             return err
         if isinstance(err, PromptTooLongError):
-            return ServiceError(
-                413, "prompt_too_long", error_message(err), route_key=self.route_key
-            )
+            return ServiceError("prompt_too_long", error_message(err), route_key=self.route_key)
         return ServiceError.unavailable(self.route_key, error_message(err))
 
     # ---- sleep / wake ----------------------------------------------------------------------
@@ -417,7 +417,6 @@ class InstanceRouter:
         errors = [e for e in await asyncio.gather(*(one(s) for s in slots)) if e]
         if errors:
             raise ServiceError(
-                503,
                 f"{method}_failed",
                 f"route_key={self.route_key}: {method} failed on " + "; ".join(errors),
                 route_key=self.route_key,

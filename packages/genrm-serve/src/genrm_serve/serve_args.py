@@ -11,6 +11,8 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from genrm_serve import limits
+
 __all__ = ["DEFAULT_APP_NAME", "DEFAULT_PORT", "DEFAULT_ROUTE_PREFIX", "ServeArgs"]
 
 DEFAULT_PORT = 8000
@@ -48,16 +50,18 @@ class ServeArgs(BaseModel):
     engine_inflight_limit: int | None = Field(default=None, gt=0)
 
     #: How often the supervisor probes every engine, and how long one probe may take.
-    health_check_period_s: float = Field(default=2.0, gt=0.0)
-    probe_timeout_s: float = Field(default=10.0, gt=0.0)
+    health_check_period_s: float = Field(default=limits.HEALTH_CHECK_PERIOD_S, gt=0.0)
+    probe_timeout_s: float = Field(default=limits.PROBE_TIMEOUT_S, gt=0.0)
     #: Deadline of one engine call (a judge request), and of an engine's start (model load).
-    request_timeout_s: float = Field(default=600.0, gt=0.0)
-    engine_start_timeout_s: float = Field(default=1800.0, gt=0.0)
+    request_timeout_s: float = Field(default=limits.REQUEST_TIMEOUT_S, gt=0.0)
+    engine_start_timeout_s: float = Field(default=limits.ENGINE_START_TIMEOUT_S, gt=0.0)
     #: Delay before re-creating a dead engine; doubles on each failure in a row, up to the max.
-    restart_backoff_s: float = Field(default=1.0, ge=0.0)
-    restart_backoff_max_s: float = Field(default=30.0, ge=0.0)
+    restart_backoff_s: float = Field(default=limits.RESTART_BACKOFF_S, ge=0.0)
+    restart_backoff_max_s: float = Field(default=limits.RESTART_BACKOFF_MAX_S, ge=0.0)
     #: Deadline of sleep / wake on every engine.
-    sleep_timeout_s: float = Field(default=300.0, gt=0.0)
+    sleep_timeout_s: float = Field(default=limits.SLEEP_TIMEOUT_S, gt=0.0)
+    #: Largest request body read (413 ``request_too_large`` beyond it, before any parsing).
+    max_request_body_bytes: int = Field(default=limits.MAX_REQUEST_BODY_BYTES, gt=0)
 
     @property
     def url(self) -> str:

@@ -41,6 +41,10 @@ class RewardArgs(BaseModel):
     judge_batch_size: int = Field(default=64, ge=1)
     #: accept "1.", "**1**", "Yes", "Judgement: 0", ... as verdicts (strict "1"/"0" otherwise).
     lenient_verdict: bool = False
+    #: ``strict``: the reply text is parsed (score 1.0 or 0.0); ``logprob``: the score is the
+    #: judge's ``P("1") / (P("1") + P("0"))`` at its first reply token (a soft score in [0, 1];
+    #: needs thinking off and an engine that reports it, the hf engine).
+    genrm_verdict: Literal["strict", "logprob"] = "strict"
     #: the policy's answer is cut to this many characters before it reaches the judge prompt.
     max_answer_chars: int = Field(default=2000, ge=16)
     #: cap on a whole response quoted to a judge (dual safety judge, agentic step texts).
@@ -84,7 +88,7 @@ def resolve_args(args: Any) -> RewardArgs:
                     ) from err
             values[name] = value
     try:
-        return RewardArgs.model_validate(values)
+        settings = RewardArgs.model_validate(values)
     except ValidationError as err:
         first = err.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
@@ -92,3 +96,12 @@ def resolve_args(args: Any) -> RewardArgs:
         raise RewardConfigError(
             f"args.{key}={values.get(top)!r} is invalid: {first['msg']}"
         ) from err
+    params = settings.reward_sampling_params
+    kwargs = (params.chat_template_kwargs if params else None) or {}
+    if settings.genrm_verdict == "logprob" and kwargs.get("enable_thinking"):
+        raise RewardConfigError(
+            "args.genrm_verdict='logprob' needs thinking off, but "
+            f"args.reward_sampling_params.chat_template_kwargs={kwargs!r}: the first reply token "
+            "of a thinking judge is a thought, not a verdict"
+        )
+    return settings

@@ -123,6 +123,7 @@ def _signature(settings: RewardArgs) -> str:
             PROMPT_VERSION,
             str(settings.genrm_route_key),
             f"lenient={settings.lenient_verdict}",
+            f"verdict={settings.genrm_verdict}",
             f"max_chars={settings.max_answer_chars}",
             params.model_dump_json(exclude_none=True) if params else "{}",
         )
@@ -194,6 +195,7 @@ async def compute_score(
             call,
             sampling_params=settings.reward_sampling_params,
             lenient=settings.lenient_verdict,
+            verdict=settings.genrm_verdict,
         )
 
     if not settings.verdict_cache:
@@ -256,6 +258,7 @@ async def compute_score_batch(
             sampling_params=settings.reward_sampling_params,
             lenient=settings.lenient_verdict,
             batch_size=settings.judge_batch_size,
+            verdict=settings.genrm_verdict,
         )
     except BaseException as err:
         for key, (_, fut) in owned.items():
@@ -278,6 +281,7 @@ async def compute_score_batch(
                 JudgeCall(preps[i].messages, settings.genrm_route_key),
                 sampling_params=settings.reward_sampling_params,
                 lenient=settings.lenient_verdict,
+                verdict=settings.genrm_verdict,
             )
             results[i] = _finish(outcome, preps[i], gates[i], "miss")
     done = [r for r in results if r is not None]

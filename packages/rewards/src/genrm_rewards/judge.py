@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from genrm_client import GenRMError, get_genrm_client
 from genrm_client.types import GenerateRequest, GenerateResponse, Message, SamplingParams
@@ -53,7 +54,7 @@ class JudgeOutcome:
             }
         result: RewardResult = {
             "score": self.verdict.score,
-            "acc": int(self.verdict.score),
+            "acc": int(self.verdict.score >= 0.5),
             "pred": self.verdict.pred,
             "status": self.verdict.status,
             "route_key": self.route_key,
@@ -61,6 +62,27 @@ class JudgeOutcome:
         if self.verdict.reason is not None:
             result["details"] = {"unparsed_reason": self.verdict.reason}
         return result
+
+
+#: How a reply becomes a score (``RewardArgs.genrm_verdict``).
+VerdictMode = Literal["strict", "logprob"]
+
+
+def _outcome(
+    reply: GenerateResponse, route_key: str | None, lenient: bool, verdict: VerdictMode
+) -> JudgeOutcome:
+    parsed = parse_verdict(reply.response, lenient=lenient)
+    if verdict == "strict":
+        return JudgeOutcome(parsed, None, route_key)
+    prob = reply.meta.verdict_prob if reply.meta is not None else None
+    if prob is None:  # never a silent 0: this judge cannot give the soft score
+        return JudgeOutcome(
+            None,
+            "genrm_verdict='logprob' but the judge's reply has no meta.verdict_prob (its engine "
+            "does not compute logprob verdicts; the hf engine does)",
+            route_key,
+        )
+    return JudgeOutcome(Verdict(float(prob), "ok", parsed.pred), None, route_key)
 
 
 def default_client() -> JudgeClient:
@@ -79,8 +101,14 @@ async def judge_one(
     *,
     sampling_params: SamplingParams | None = None,
     lenient: bool = False,
+    verdict: VerdictMode = "strict",
 ) -> JudgeOutcome:
     """Ask one judge; a ``GenRMError`` becomes a failed outcome."""
+    if verdict == "logprob":  # the probability comes in the reply's meta: a one-item batch
+        (outcome,) = await judge_many(
+            client, [call], sampling_params=sampling_params, lenient=lenient, verdict=verdict
+        )
+        return outcome
     params = sampling_params.model_dump(exclude_none=True) if sampling_params else None
     try:
         reply = await client.generate(
@@ -98,6 +126,7 @@ async def judge_many(
     sampling_params: SamplingParams | None = None,
     lenient: bool = False,
     batch_size: int = 64,
+    verdict: VerdictMode = "strict",
 ) -> list[JudgeOutcome]:
     """Ask for many verdicts through ``generate_batch``; failures are per item.
 
@@ -108,13 +137,18 @@ async def judge_many(
         chunks = [calls[i : i + batch_size] for i in range(0, len(calls), batch_size)]
         parts = await asyncio.gather(
             *(
-                judge_many(client, c, sampling_params=sampling_params, lenient=lenient)
+                judge_many(
+                    client, c, sampling_params=sampling_params, lenient=lenient, verdict=verdict
+                )
                 for c in chunks
             )
         )
         return [outcome for part in parts for outcome in part]
     if not calls:
         return []
+    if verdict == "logprob":
+        base = sampling_params or SamplingParams()
+        sampling_params = base.model_copy(update={"logprob_verdict": True})
     requests = [
         GenerateRequest(
             messages=[Message.model_validate(m) for m in call.messages],
@@ -134,8 +168,7 @@ async def judge_many(
     outcomes: list[JudgeOutcome] = []
     for call, reply in zip(calls, replies, strict=True):
         if isinstance(reply, GenerateResponse):
-            verdict = parse_verdict(reply.response, lenient=lenient)
-            outcomes.append(JudgeOutcome(verdict, None, call.route_key))
+            outcomes.append(_outcome(reply, call.route_key, lenient, verdict))
         elif isinstance(reply, GenRMError):
             outcomes.append(_failed(reply, call.route_key))
         else:

@@ -23,6 +23,11 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from genrm_rewards.args import RewardArgs
 from genrm_serve import GenRMConfigError, InstanceSpec, instances_from_args
 from rl_core.backends.base import BackendConfig
+from rl_core.backends.megatron.parallel import (
+    MegatronConfig,
+    add_megatron_args,
+    megatron_config_from,
+)
 from rl_core.grpo.loss import LossConfig
 from rl_core.placement import (
     LayoutRequest,
@@ -61,11 +66,13 @@ class TrainConfig(RewardArgs):
 
     # policy and backend
     hf_checkpoint: str
-    train_backend: Literal["torch"] = "torch"
+    train_backend: Literal["torch", "megatron"] = "torch"
+    #: ``--train-backend megatron``: tensor / pipeline / sequence parallelism (Megatron's flags)
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     #: where compute runs; placement still uses the cluster's GPU bundles (``--device cpu`` on a
     #: cluster of logical GPUs runs every layout for real on a CPU machine).
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    bf16: bool = False
+    bf16: bool | None = False  # None = auto: bf16 only where the device has it natively
     max_tokens_per_gpu: int = Field(default=4096, gt=0)
     logprob_chunk_size: int = Field(default=256, gt=0)
     # GRPO
@@ -243,7 +250,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eps_clip": 0.2,
         "eps_clip_high": 0.28,
         "use_tis": True,
-        "bf16": True,
+        # auto: bf16 autocast only on a CPU with native bf16 (>100x slower emulated on AVX2)
+        "bf16": None,
         "max_tokens_per_gpu": 1024,
         "colocate": True,
         # The GPU layout this job would have (colocate split); on a CPU machine the plan decides
@@ -263,7 +271,7 @@ def _field_flag_kwargs(name: str) -> dict[str, Any]:
     default = None if field.is_required() else field.get_default(call_default_factory=True)
     annotation = field.annotation
     args = [a for a in get_args(annotation) if a is not type(None)]
-    if annotation is bool:
+    if annotation is bool or (get_origin(annotation) in (UnionType, Union) and args == [bool]):
         return {"action": argparse.BooleanOptionalAction, "default": default}
     if get_origin(annotation) is Literal:
         return {"choices": list(get_args(annotation)), "default": default}
@@ -304,9 +312,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("policy and training backend")
     _flag(g, "--hf-checkpoint", help=f"policy model (or {EMBEDDED_MODEL})")
-    _flag(g, "--train-backend")
+    _flag(g, "--train-backend", help="torch (transformers) or megatron (megatron-core)")
     _flag(g, "--device", help="where compute runs (placement still uses GPU bundles)")
-    _flag(g, "--bf16", help="bf16 autocast in the training backend")
+    _flag(g, "--bf16", help="bf16 autocast (a CPU without native bf16 uses fp32 and warns)")
     _flag(g, "--max-tokens-per-gpu", help="micro-batch token budget")
     _flag(g, "--logprob-chunk-size")
 
@@ -386,6 +394,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     # every setting the reward functions read (genrm-rewards' RewardArgs), one flag each
     for name in RewardArgs.model_fields:
         _flag(g, "--" + name.replace("_", "-"), help="reward setting (see genrm-rewards)")
+
+    add_megatron_args(p)
 
     # --resource, --colocate / --fully-async, rollout GPU flags, --rm-type and the defer flags,
     # and genrm-serve's --genrm-* flags: one definition, shared with `rl-core plan`.
@@ -515,6 +525,8 @@ def config_from_namespace(ns: argparse.Namespace) -> TrainConfig:
         raise ConfigError(str(err)) from err
     values = {k: v for k, v in vars(ns).items() if k in TrainConfig.model_fields}
     values.update(genrm_instances=instances, layout=layout, plan=plan)
+    if ns.train_backend == "megatron":
+        values["megatron"] = _megatron(ns, plan)
     try:
         return TrainConfig(**values)
     except ValidationError as err:
@@ -527,6 +539,24 @@ def config_from_namespace(ns: argparse.Namespace) -> TrainConfig:
             else:
                 lines.append(msg)
         raise ConfigError("invalid training configuration:\n  " + "\n  ".join(lines)) from err
+
+
+def _megatron(ns: argparse.Namespace, plan: PlacementPlan) -> MegatronConfig:
+    """``--train-backend megatron``: the extra is installed and the parallel sizes fit the
+    actor's GPUs — checked before anything starts."""
+    from rl_core.backends.megatron import require_megatron
+    from rl_core.backends.megatron.parallel import ParallelConfigError, check_parallel_sizes
+
+    try:
+        require_megatron()
+    except ImportError as err:
+        raise ConfigError(f"--train-backend megatron: {err}") from err
+    parallel = megatron_config_from(ns)
+    try:
+        check_parallel_sizes(len(plan.roles["actor"].bundles), parallel)
+    except ParallelConfigError as err:
+        raise ConfigError(str(err)) from err
+    return parallel
 
 
 def _instances(ns: argparse.Namespace) -> dict[str, InstanceSpec]:

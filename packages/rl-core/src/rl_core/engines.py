@@ -47,14 +47,34 @@ class EngineHandle(ABC):
     @abstractmethod
     async def state(self) -> str: ...
 
-    async def sync_weights(self, state_dict: Any, version: int) -> None:
-        """Send new weights and check the engine now reports ``version``."""
-        await self.update_weights(state_dict, version)
+    @abstractmethod
+    async def stats(self) -> dict[str, Any]:
+        """The engine's counters, state, weight version and (on CUDA) GPU memory."""
+
+    async def update_weights_from_ipc(self, buckets: list[Any], version: int, done: bool) -> None:
+        """Flat buckets shared through CUDA IPC by the trainer rank on this engine's GPU."""
+        raise NotImplementedError(f"engine {self.name}: no CUDA IPC weight path")
+
+    async def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str
+    ) -> None:
+        raise NotImplementedError(f"engine {self.name}: no weight-broadcast path")
+
+    async def update_weights_from_broadcast(self, buckets: list[Any], version: int) -> None:
+        raise NotImplementedError(f"engine {self.name}: no weight-broadcast path")
+
+    async def check_version(self, version: int) -> None:
+        """Raise :class:`StaleWeightsError` unless the engine now serves ``version``."""
         served = await self.weight_version()
         if served != version:
             raise StaleWeightsError(
                 f"engine {self.name} serves weight version {served} after an update to {version}"
             )
+
+    async def sync_weights(self, state_dict: Any, version: int) -> None:
+        """Send new weights and check the engine now reports ``version``."""
+        await self.update_weights(state_dict, version)
+        await self.check_version(version)
 
 
 class LocalEngineHandle(EngineHandle):
@@ -83,6 +103,29 @@ class LocalEngineHandle(EngineHandle):
 
     async def state(self) -> str:
         return self.engine.state
+
+    async def stats(self) -> dict[str, Any]:
+        return dict(self.engine.stats())
+
+    def _method(self, name: str) -> Any:
+        method = getattr(self.engine, name, None)
+        if method is None:
+            raise NotImplementedError(f"engine {self.name} ({type(self.engine).__name__}): {name}")
+        return method
+
+    async def update_weights_from_ipc(self, buckets: list[Any], version: int, done: bool) -> None:
+        call = self._method("update_weights_from_ipc")(buckets, version, done)
+        await asyncio.wait_for(call, ENGINE_CALL_TIMEOUT_S)
+
+    async def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str
+    ) -> None:
+        call = self._method("init_weight_group")(host, port, rank, world_size, backend)
+        await asyncio.wait_for(call, ENGINE_CALL_TIMEOUT_S)
+
+    async def update_weights_from_broadcast(self, buckets: list[Any], version: int) -> None:
+        call = self._method("update_weights_from_broadcast")(buckets, version)
+        await asyncio.wait_for(call, ENGINE_CALL_TIMEOUT_S)
 
 
 class RayEngineHandle(EngineHandle):
@@ -118,3 +161,17 @@ class RayEngineHandle(EngineHandle):
     async def state(self) -> str:
         stats: dict[str, Any] = await self._call("stats")
         return str(stats["state"])
+
+    async def stats(self) -> dict[str, Any]:
+        return dict(await self._call("stats"))
+
+    async def update_weights_from_ipc(self, buckets: list[Any], version: int, done: bool) -> None:
+        await self._call("update_weights_from_ipc", buckets, version, done)
+
+    async def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str
+    ) -> None:
+        await self._call("init_weight_group", host, port, rank, world_size, backend)
+
+    async def update_weights_from_broadcast(self, buckets: list[Any], version: int) -> None:
+        await self._call("update_weights_from_broadcast", buckets, version)

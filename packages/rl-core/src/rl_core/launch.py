@@ -27,7 +27,9 @@ from transformers import AutoTokenizer
 
 from genrm_client import close_genrm_clients
 from genrm_serve import (
+    ENGINE_START_TIMEOUT_S,
     LOCAL_RAY_ENV,
+    CapacityError,
     EngineConfig,
     EnginePlacement,
     EngineRef,
@@ -35,7 +37,7 @@ from genrm_serve import (
     ServeArgs,
     apply_ray_env_defaults,
     build_app,
-    create_engine_worker,
+    check_fits,
     deploy,
     resolve_model_path,
     wait_until_healthy,
@@ -55,21 +57,18 @@ from rl_core.placement import (
 )
 from rl_core.placement.realize import (
     RealizedPlacement,
+    create_engine_workers,
     create_judge_engines,
     create_placement_groups,
-    place_engines,
-    shares_gpus,
 )
 from rl_core.rewards import PostProcessHook, custom_post_process, defer_swap_post_process
 from rl_core.trainer import GRPOTrainer, RewardSetup
+from rl_core.weight_sync import choose_weight_sync, make_weight_sync
 
 logger = logging.getLogger(__name__)
 
 #: Set before Ray starts (unless the user set them): see ``genrm_serve.ray_env``.
 RAY_ENV = LOCAL_RAY_ENV
-
-#: Longest the engines (and the judge service) may take to load and become healthy.
-ENGINE_START_TIMEOUT_S = 1800.0
 
 #: Seeds of the demo's generated data sets (train and held-out evaluation differ).
 EASY_MATH_TRAIN = (256, 11)
@@ -224,20 +223,7 @@ async def start_rollout_engines(
     realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str
 ) -> list[RayEngineHandle]:
     """One engine actor per rollout engine of the plan, in its bundles, started concurrently."""
-
-    def make(engine: Any, opts: dict[str, Any]) -> Any:
-        return create_engine_worker(
-            spec,
-            engine.index,
-            placement_group=opts["placement_group"],
-            bundle_index=opts["bundle_index"],
-            num_gpus=opts["num_gpus"],
-            num_cpus=opts["num_cpus"],
-            name=f"{name_prefix}{engine.name}",
-            shared_gpu=shares_gpus(realized.plan),
-        )
-
-    actors = place_engines(realized, "rollout", make)
+    actors = create_engine_workers(realized, "rollout", spec, name_prefix=name_prefix)
     await asyncio.gather(
         *(asyncio.wait_for(a.start.remote(), ENGINE_START_TIMEOUT_S) for a in actors)
     )
@@ -286,13 +272,22 @@ def _cluster_gpus() -> float:
 
 
 def _check_capacity(plan: PlacementPlan, use_gpus: bool) -> None:
-    """A plan the cluster can never hold is refused at once, not after a placement timeout."""
-    total = _cluster_gpus()
-    if use_gpus and plan.num_gpus > total:
-        raise PlacementUnavailableError(
-            f"the plan ({plan.mode}) needs {plan.num_gpus} GPUs, the Ray cluster has {total:g} "
-            "in total: add nodes, or shrink --resource"
+    """A plan the cluster can never hold (in total, not just free now) is refused at once,
+    not after the placement wait; every bundle is ``{GPU: 1, CPU: 1}`` (``{CPU: 1}`` without
+    GPUs)."""
+    import ray
+
+    bundles = sum(g.num_bundles for g in plan.groups)
+    needed = {"CPU": float(bundles)} | ({"GPU": float(bundles)} if use_gpus else {})
+    try:
+        check_fits(
+            needed,
+            ray.cluster_resources(),  # type: ignore[no-untyped-call]
+            f"the plan ({plan.mode}, {plan.num_gpus} GPUs)",
+            hint="add nodes, or shrink --resource",
         )
+    except CapacityError as err:
+        raise PlacementUnavailableError(str(err)) from err
 
 
 def _init_ray(plan: PlacementPlan) -> bool:
@@ -369,12 +364,31 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
             participants.update({f"genrm:{k}": JudgeSleeper(url, k) for k in instances})
             startup["judge_service"] = time.perf_counter() - t0
 
+        phases = PhaseMachine(phases_from_plan(plan), participants)
+        if not plan.phases_overlap:
+            # Colocated: the engines sharing the actor's GPUs sleep (as in the train phase)
+            # before the trainer loads, so its weights never meet theirs at start-up.
+            t0 = time.perf_counter()
+            await phases.enter("train")
+            startup["engines_sleep"] = time.perf_counter() - t0
+
         t0 = time.perf_counter()
         groups = await start_trainer_groups(cfg, realized, policy_path, prefix)
         learner = groups["actor"]
-        participants["actor"] = CallbackSleeper(learner.offload, learner.onload)
+        precision = learner.precision
+        phases.add("actor", CallbackSleeper(learner.offload, learner.onload))
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
         startup["trainer"] = time.perf_counter() - t0
+
+        sync_path = choose_weight_sync(
+            plan, use_gpus=use_gpus, device=cfg.device, engine=rollout_engine
+        )
+        weight_sync = make_weight_sync(sync_path, learner, engines, plan=plan)
+        t0 = time.perf_counter()
+        await weight_sync.setup()
+        startup["weight_sync_setup"] = time.perf_counter() - t0
+        console.print(f"[bold]weight sync[/]: {sync_path}")
+        engine_actors = [e.actor for e in engines] + [a for v in judge_actors.values() for a in v]
 
         layout = await read_layout(realized, groups, engines, judge_actors)
         await asyncio.to_thread(write_layout, run_dir, layout)
@@ -384,7 +398,7 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
             learner=learner,
             tokenizer=tokenizer,
             rollout_engines=engines,
-            phases=PhaseMachine(phases_from_plan(plan), participants),
+            phases=phases,
             rewards=_reward_setup(cfg),
             train_data=load_data(cfg.prompt_data, cfg, run_dir, eval_set=False),
             eval_data=load_data(cfg.eval_prompt_data, cfg, run_dir, eval_set=True)
@@ -395,6 +409,8 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
             overlap=plan.phases_overlap,
             metrics=MetricsWriter(run_dir),
             clock=PhaseClock(console),
+            weight_sync=weight_sync,
+            memory_probe=GpuMemoryProbe(learner, engine_actors) if use_gpus else None,
         )
         history = await trainer.run()
 
@@ -407,10 +423,66 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         mode=cfg.mode,
         startup=startup,
         total_s=time.perf_counter() - t_start,
+        precision=precision,
         console=Console(),
+        notes=run_notes(cfg),
     )
     Console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
     return 0
+
+
+def run_notes(cfg: TrainConfig) -> list[str]:
+    """What the summary should say about how the run was set up."""
+    notes = []
+    if cfg.use_kl_loss and cfg.kl_loss_coef == 0.0:
+        notes.append(
+            "KL to a reference is not computed: --use-kl-loss with --kl-loss-coef 0 loads no "
+            "reference model (the loss would not change); give a coefficient > 0 to train with it"
+        )
+    return notes
+
+
+class GpuMemoryProbe:
+    """Used memory of every GPU of the run, read where it is used (``mem_get_info`` in each
+    trainer rank and engine: it counts every process on that GPU). Keyed ``gpu<id>`` (with
+    ``n<k>.`` for node ``k`` when the run spans nodes); GPUs without a CUDA reader are absent
+    (``--device cpu``)."""
+
+    def __init__(self, learner: Any, engine_actors: list[Any]) -> None:
+        self.learner, self.engine_actors = learner, engine_actors
+        self._engine_gpus: list[tuple[str, str]] | None = None
+
+    async def _engines_where(self) -> list[tuple[str, str]]:
+        if self._engine_gpus is None:
+            infos = await asyncio.gather(*(a.info.remote() for a in self.engine_actors))
+            self._engine_gpus = [
+                (str(i.get("node_id")), str((i.get("gpu_ids") or ["?"])[0])) for i in infos
+            ]
+        return self._engine_gpus
+
+    async def __call__(self) -> dict[str, float]:
+        ranks, where, stats = await asyncio.gather(
+            self.learner.memory(),
+            self._engines_where(),
+            asyncio.gather(*(a.stats.remote() for a in self.engine_actors)),
+        )
+        readings: dict[tuple[str, str], float] = {}
+        for r in ranks:
+            if "gpu_used_bytes" in r and r.get("gpu_ids"):
+                key = (str(r.get("node_id", "")), str(r["gpu_ids"][0]))
+                readings[key] = max(readings.get(key, 0.0), float(r["gpu_used_bytes"]))
+        for (node, gpu), st in zip(where, stats, strict=True):
+            if "gpu_used_bytes" in st:
+                key = (node, gpu)
+                readings[key] = max(readings.get(key, 0.0), float(st["gpu_used_bytes"]))
+        # rank and engine reports name nodes differently; fold by GPU id on one node
+        nodes = sorted({n for n, _ in readings if n})
+        out: dict[str, float] = {}
+        for (node, gpu), used in sorted(readings.items()):
+            prefix = f"n{nodes.index(node)}." if len(nodes) > 1 and node in nodes else ""
+            name = f"{prefix}gpu{gpu}"
+            out[name] = max(out.get(name, 0.0), used / 1e9)
+        return out
 
 
 async def start_trainer_groups(
@@ -433,6 +505,8 @@ async def start_trainer_groups(
             device=cfg.device,
             name_prefix=prefix,
             load_reference=False if own_reference else None,
+            train_backend=cfg.train_backend,
+            megatron=cfg.megatron,
         )
     }
     if separate:

@@ -31,9 +31,15 @@ def _actor_id(handle: Any) -> str:
 def _state_api_actors() -> dict[str, Any] | None:
     """Ray's state API view of every actor (needs the dashboard; None without one)."""
     try:
+        import ray
         from ray.util.state import list_actors
 
-        actors = list_actors(detail=True, limit=10_000, raise_on_missing_output=False)
+        # this cluster's address, explicitly: left to itself the state API picks "the latest"
+        # of the clusters on the machine
+        address = ray.get_runtime_context().gcs_address
+        actors = list_actors(
+            address=address, detail=True, limit=10_000, raise_on_missing_output=False
+        )
     except Exception:  # no dashboard on this cluster: the actors' own reports stand alone
         return None
     return {a.actor_id: a for a in actors}

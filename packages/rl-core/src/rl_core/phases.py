@@ -5,13 +5,15 @@ Each phase (``inference``, ``reward``, ``train``) says, for each participant (``
 first puts to sleep everything that must sleep — releasing memory — and only then wakes what must
 wake, so two roles that share a GPU never both hold their memory. The tables come from the
 placement plan (:func:`phases_from_plan`), so the driver runs exactly the phases ``rl-core plan``
-prints; every transition is logged (tests assert on the log).
+prints; every transition is logged (tests assert on the log) and timed (the step metrics report
+the seconds of every sleep, wake, offload and onload).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -73,6 +75,12 @@ class PhaseMachine:
     states: dict[str, State] = field(default_factory=dict)
     log: list[tuple[str, str, str]] = field(default_factory=list)
     current: str | None = None
+    #: what sleep / wake mean per participant in the timings (the trainer offloads / onloads)
+    actions: Mapping[str, tuple[str, str]] = field(
+        default_factory=lambda: {"actor": ("offload", "onload")}
+    )
+    #: ``(phase, who, action, seconds)`` of every transition since the last :meth:`take_timings`
+    timings: list[tuple[str, str, str, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for who in self.participants:
@@ -99,12 +107,34 @@ class PhaseMachine:
 
         async def one(who: str) -> None:
             p = self.participants[who]
+            t0 = time.perf_counter()
             await (p.sleep() if state == "asleep" else p.wake())
+            seconds = time.perf_counter() - t0
             self.states[who] = state
             self.log.append((phase, who, "sleep" if state == "asleep" else "wake"))
-            logger.info("phase %s: %s → %s", phase, who, state)
+            names = self.actions.get(who, ("sleep", "wake"))
+            action = names[0] if state == "asleep" else names[1]
+            self.timings.append((phase, who, action, seconds))
+            logger.info("phase %s: %s → %s (%.2f s)", phase, who, state, seconds)
 
         await asyncio.gather(*(one(w) for w in whos))
+
+    def add(self, who: str, sleeper: Sleeper, state: State = "active") -> None:
+        """A participant that joins after the machine was built (the trainer, which loads only
+        once the engines sharing its GPUs are asleep)."""
+        participants = dict(self.participants)
+        participants[who] = sleeper
+        self.participants = participants
+        self.states[who] = state
+
+    def take_timings(self) -> dict[str, float]:
+        """``{"<action>/<who>_s": seconds}`` summed since the last call, then reset."""
+        out: dict[str, float] = {}
+        for _, who, action, seconds in self.timings:
+            key = f"{action}/{who}_s"
+            out[key] = out.get(key, 0.0) + seconds
+        self.timings = []
+        return out
 
     def judges(self) -> list[str]:
         return [w for w in self.participants if w.startswith("genrm:")]

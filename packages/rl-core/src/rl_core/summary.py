@@ -29,10 +29,17 @@ def render_summary(
     mode: str,
     startup: dict[str, float] | None = None,
     total_s: float | None = None,
+    precision: str | None = None,
     console: Console | None = None,
+    notes: Sequence[str] = (),
 ) -> None:
-    """Print per-step phase times, reward statistics and verdict sources."""
+    """Print per-step phase times, reward statistics and verdict sources (and ``notes`` on
+    how the run was set up, e.g. that KL is not computed)."""
     console = console or Console()
+    if precision:
+        console.print(f"[bold]training precision[/]: {precision}")
+    for note in notes:
+        console.print(f"[bold]note[/]: {note}")
     if startup:
         console.print(
             "[bold]start-up[/]: " + ", ".join(f"{k} {v:.1f}s" for k, v in startup.items())
@@ -45,6 +52,31 @@ def render_summary(
     for h in history:
         times.add_row(str(h.step), *(_fmt(h.phase_times.get(p), 1) for p in present))
     console.print(times)
+
+    handoff = sorted({k for h in history for k in h.metrics if k.startswith("handoff/")})
+    if handoff:
+        moves = Table(title="memory handoff per step (seconds): sleep, wake, offload, onload")
+        moves.add_column("step", justify="right")
+        for k in handoff:
+            moves.add_column(k.removeprefix("handoff/").removesuffix("_s"), justify="right")
+        moves.add_column("weight sync", justify="right")
+        for h in history:
+            moves.add_row(
+                str(h.step),
+                *(_fmt(h.metrics.get(k), 2) for k in handoff),
+                f"{_fmt(h.phase_times.get('weight_sync'), 2)} "
+                f"({h.metrics.get('weights/sync_path', '-')})",
+            )
+        console.print(moves)
+    mem = sorted({k for h in history for k in h.metrics if k.startswith("mem/")})
+    if mem:
+        memory = Table(title="GPU memory used at the end of each phase (GB)")
+        memory.add_column("step", justify="right")
+        for k in mem:
+            memory.add_column(k.removeprefix("mem/").removesuffix("_used_gb"), justify="right")
+        for h in history:
+            memory.add_row(str(h.step), *(_fmt(h.metrics.get(k), 1) for k in mem))
+        console.print(memory)
 
     steps = Table(title="what each step learned from")
     # short headers, few columns: readable in an 80-column terminal (the rest is in metrics.jsonl)
@@ -74,6 +106,7 @@ def render_summary(
         "judge_cache": "judge, reused from the verdict cache",
         "judge_unparsed": "judge answered without a clean verdict (0, counted)",
         "judge_error": "judge failed (masked out of loss and group stats)",
+        "aborted": "generation aborted by the engine (not judged, not trained)",
         "rule": "rule-based reward (no judge)",
     }
     verdicts = Table(title="where the training rewards came from")

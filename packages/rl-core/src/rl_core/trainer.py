@@ -13,7 +13,7 @@ import logging
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,10 @@ from rl_core.rewards import (
 )
 from rl_core.rollout import SEED_EVAL, SEED_TRAIN, RolloutSettings, generate_groups, make_group
 from rl_core.sample import Sample
+from rl_core.weight_sync import ObjectStoreSync, WeightSync
+
+#: Reads GPU memory now: ``{gpu: used GB}`` for every GPU of the run (see ``rl_core.launch``).
+MemoryProbe = Callable[[], Awaitable[dict[str, float]]]
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +77,8 @@ class RewardSetup:
 def verdict_source(sample: Sample) -> str:
     """Where a sample's reward came from: rule gate, judge, cache, or an error / other rule."""
     d = sample.reward_details
-    if sample.status == "judge_error":
-        return "judge_error"
+    if sample.status in ("judge_error", "aborted"):
+        return sample.status
     if d.get("gate") == "hit":
         return "gate"
     if d.get("cache") == "hit":
@@ -148,6 +152,8 @@ class GRPOTrainer:
         overlap: bool = False,
         metrics: MetricsWriter | None = None,
         clock: PhaseClock | None = None,
+        weight_sync: WeightSync | None = None,
+        memory_probe: MemoryProbe | None = None,
     ) -> None:
         self.cfg = cfg
         self.learner = learner
@@ -163,6 +169,10 @@ class GRPOTrainer:
         self.overlap = overlap
         self.metrics = metrics or MetricsWriter(cfg.run_dir)
         self.clock = clock or PhaseClock()
+        #: how weights reach the engines (the plan chooses: CUDA IPC, broadcast, object store)
+        self.weight_sync: WeightSync = weight_sync or ObjectStoreSync(learner, self.engines)
+        self.memory_probe = memory_probe
+        self._memory: dict[str, float] = {}
         self.cursor = PromptCursor(size=len(train_data), seed=cfg.seed)
         if not cfg.rollout_shuffle:
             self.cursor._order = lambda epoch: list(range(len(train_data)))  # type: ignore[method-assign]
@@ -204,11 +214,13 @@ class GRPOTrainer:
             self._check_staleness(batch, max_staleness=1 if self.overlap else 0)
             errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step)
             adv = self.advantages(batch)
+            await self.record_memory("inference")
 
             await self.phases.enter("train")
             t0 = time.perf_counter()
             train_metrics = await self.train(batch)
             times["train"] = time.perf_counter() - t0
+            await self.record_memory("train")
 
             t0 = time.perf_counter()
             if not self.overlap:
@@ -217,6 +229,7 @@ class GRPOTrainer:
             t0 = time.perf_counter()
             await self.sync_weights(self.weight_version + 1)
             times["weight_sync"] = time.perf_counter() - t0
+            await self.record_memory("weight_sync")
 
             await self.finish_step(step, batch, adv, errors, train_metrics, times)
         self.metrics.close()
@@ -267,13 +280,31 @@ class GRPOTrainer:
         return await self.learner.train(items, size, old=old, ref=ref)
 
     async def sync_weights(self, version: int) -> None:
-        """Send the policy's weights to every rollout engine; each must then serve ``version``."""
-        weights = await self.learner.export_weights()
-        await asyncio.gather(
-            *(e.sync_weights(weights, version) for e in self.engines),
-            *([self.actor_fwd.load_weights(weights)] if self.actor_fwd is not None else []),
-        )
+        """Send the policy's weights to every rollout engine; each must then serve ``version``.
+
+        The path is the plan's (``rl_core.weight_sync``); the forward-only ``actor_fwd`` ranks
+        of fully-async follow through the object store.
+        """
+        if version <= self.weight_version and self.weight_version:
+            raise StaleWeightsError(
+                f"weight version must increase: {version} after {self.weight_version}"
+            )
+        extra = []
+        if self.actor_fwd is not None:
+            extra.append(self._sync_actor_fwd())
+        await asyncio.gather(self.weight_sync.sync(version), *extra)
         self.weight_version = version
+
+    async def _sync_actor_fwd(self) -> None:
+        assert self.actor_fwd is not None
+        await self.actor_fwd.load_weights(await self.learner.export_weights())
+
+    async def record_memory(self, phase: str) -> None:
+        """GPU memory at the end of ``phase`` (every GPU of the run), for this step's metrics."""
+        if self.memory_probe is None:
+            return
+        for gpu, used in (await self.memory_probe()).items():
+            self._memory[f"mem/{phase}/{gpu}_used_gb"] = used
 
     async def finish_step(
         self,
@@ -311,6 +342,11 @@ class GRPOTrainer:
             await self.save(Path(self.cfg.save), step + 1)
             times["save"] = time.perf_counter() - t0
         metrics.update({f"time/{k}": v for k, v in times.items()})
+        # every sleep / wake / offload / onload of this step, summed per participant and action
+        metrics.update({f"handoff/{k}": v for k, v in self.phases.take_timings().items()})
+        metrics["weights/sync_path"] = self.weight_sync.path
+        metrics.update(self._memory)
+        self._memory = {}
         self.metrics.log(step + 1, metrics)
         self.metrics.log_samples(f"step_{step + 1:06d}", [sample_row(s) for s in batch])
         self.history.append(StepRecord(step + 1, metrics, times, verdicts))
@@ -455,5 +491,7 @@ class GRPOTrainer:
         extra = await self.learner.load(path)
         self.cursor.restore(extra["cursor"])
         self.start_step = int(extra["rollout_step"])
+        if self.phases.current not in (None, "inference"):
+            await self.phases.enter("inference")  # engines take weights awake
         await self.sync_weights(int(extra["weight_version"]))
         logger.info("resumed from %s at step %d", path, self.start_step)

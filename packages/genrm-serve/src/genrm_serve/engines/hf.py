@@ -5,40 +5,57 @@ own temperature / top-p / top-k / seed / stop strings, and rollout needs, per sa
 log-prob under the distribution it was drawn from *and* under the raw model — one loop over one
 KV cache gives all of that without a second forward pass.
 
-Memory is bounded by construction, not by free RAM: requests run as *static* left-padded batches
-of at most ``engine_config.max_batch_size`` rows, split further so that rows × (padded prompt +
-new tokens) stays under :data:`MAX_BATCH_TOKENS`; the KV cache is a ``DynamicCache`` that grows
-only to that size, and logits are computed for the last position only (``logits_to_keep=1``; a
-full-sequence logits tensor of a 262k vocabulary would be gigabytes). transformers' continuous
-batching is not used: by default it sizes its KV cache from free RAM (9.7 GB on the CI machines).
+A batch is one *packed prefill* (:mod:`genrm_serve.engines.hf_packing`): the prompts go into a
+radix tree over token ids, every shared run (a GRPO group's template + question + reference, a
+template common to all groups) is computed once, and the tree's nodes are laid end to end in one
+sequence with no padding; logits are computed only at each row's last prompt token. That one
+forward gives every row its first reply token, so a one-token verdict costs no decode step at
+all. Rows that need more tokens continue from a static KV cache gathered out of the prefill, and
+sampling runs batched on the logits' device (:mod:`genrm_serve.engines.hf_sampling`): per step
+only the chosen tokens and their log-probs reach the host.
 
-Requests of a batch that share a prompt prefix (the n samples of a GRPO group; judge prompts with
-one long instruction) compute that prefix's KV once; the cache is then repeated for each row and
-only the distinct suffixes are prefilled (:func:`_common_prefix_len`).
+Memory is bounded by construction, not by free RAM: a batch is split into chunks of at most
+``engine_config.max_batch_size`` rows whose prompt + new tokens sum to at most
+:data:`MAX_BATCH_TOKENS`, taken in prompt order so that a group's rows stay in one chunk.
+transformers' continuous batching is not used: by default it sizes its KV cache from free RAM
+(9.7 GB on the CI machines).
 
-Sleep / wake: on CUDA the weights move to CPU RAM and back (``empty_cache`` in between); on CPU
-the model object is dropped and reloaded on wake — from ``model_path``, or, after
-``update_weights``, from a snapshot this engine saved when it went to sleep.
+Memory on CUDA: ``engine_config.mem_fraction_static`` is the share of the device this engine may
+hold. At start the weights are measured on the host before they go to the device: weights larger
+than the share fail the start with the fraction and both sizes named; the rest of the share is the
+batch budget (KV cache + activations per token, :func:`batch_token_budget`), so engines that share
+a GPU at 0.6 + 0.3 cannot run each other out of memory. Without a fraction the budget is
+:data:`MAX_BATCH_TOKENS`.
+
+Sleep / wake: on CUDA the weights move into pinned host buffers allocated at the first sleep and
+reused by every later one (``non_blocking`` copies, one synchronize, ``empty_cache``; see
+``genrm_serve.engines.weights.HostOffloader``); on CPU the model object is dropped and reloaded
+on wake — from ``model_path``, or, after ``update_weights``, from a snapshot this engine saved when
+it went to sleep.
+
+Weights from a trainer arrive as a state dict (object store), as flat bf16 buckets shared through
+CUDA IPC by a trainer on the same GPU (:meth:`HFEngine.update_weights_from_ipc`), or broadcast per
+bucket over a weight group with the trainer (:meth:`HFEngine.update_weights_from_broadcast`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import inspect
 import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from genrm_client.types import FinishReason, SamplingParams
+from genrm_client.types import FinishReason
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engines.base import (
     Engine,
@@ -47,19 +64,102 @@ from genrm_serve.engines.base import (
     EngineOutput,
     EngineRequest,
 )
+from genrm_serve.engines.hf_packing import (
+    DecodeState,
+    PackedPlan,
+    activate,
+    build_plan,
+    common_prefix_len,
+    register_attention,
+)
+from genrm_serve.engines.hf_sampling import RowSampling, sample
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
+from genrm_serve.engines.weights import (
+    BucketMeta,
+    HostOffloader,
+    WeightBroadcastGroup,
+    dtype_from_name,
+    open_ipc_handle,
+    unpack_bucket,
+)
+from genrm_serve.precision import resolve_bf16
 
-__all__ = ["FALLBACK_CHAT_TEMPLATE", "MAX_BATCH_TOKENS", "HFEngine", "sample_next"]
+__all__ = [
+    "FALLBACK_CHAT_TEMPLATE",
+    "MAX_BATCH_TOKENS",
+    "HFEngine",
+    "VerdictUnavailableError",
+    "batch_token_budget",
+    "model_bytes",
+    "share_budget",
+]
 
 logger = logging.getLogger(__name__)
 
-#: Upper bound on rows × (padded prompt + new tokens) of one forward batch.
+#: Upper bound on the sum over rows of (prompt + new tokens) of one engine batch.
 MAX_BATCH_TOKENS = 65536
-#: A shared prefix shorter than this is not worth a separate prefill.
-MIN_SHARED_PREFIX = 32
+#: Device memory outside the engine's control (CUDA context, allocator slack), kept out of the
+#: batch budget derived from ``mem_fraction_static``.
+RESERVED_BYTES = 1 << 30
+
+
+def model_bytes(model: Any) -> int:
+    """Bytes of a model's parameters and buffers (a tied weight once)."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def batch_token_budget(config: Any, dtype: torch.dtype, free_bytes: int) -> int:
+    """Tokens (rows × padded length) of one batch that fit into ``free_bytes``.
+
+    Per token: its KV cache over every layer (2 × layers × kv heads × head dim) plus the
+    largest activations of one layer's forward (hidden states, q/k/v, the MLP's gate and up
+    projections; logits are only computed at the last position). Deliberately conservative: a
+    co-resident engine's share is what is left.
+    """
+    text = getattr(config, "text_config", None) or config
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    layers = int(text.num_hidden_layers)
+    inter = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    kv = 2 * layers * kv_heads * head_dim
+    act = 4 * hidden + (heads + 2 * kv_heads) * head_dim + 3 * inter
+    return max(0, free_bytes // ((kv + act) * dtype.itemsize))
+
+
+def share_budget(
+    model: Any, dtype: torch.dtype, fraction: float, total_bytes: int, *, engine_id: str
+) -> dict[str, int]:
+    """What ``fraction`` of a device of ``total_bytes`` holds for this model: its share, the
+    weights, and the batch token budget of the rest. Raises :class:`EngineError` naming the
+    fraction and the sizes when the weights (plus :data:`RESERVED_BYTES`) do not fit."""
+    share = int(fraction * total_bytes)
+    weights = model_bytes(model)
+    gib = 1024**3
+    if weights + RESERVED_BYTES > share:
+        raise EngineError(
+            f"engine {engine_id}: mem_fraction_static={fraction} of {total_bytes / gib:.1f} GiB "
+            f"is {share / gib:.2f} GiB, but the weights alone take {weights / gib:.2f} GiB "
+            f"(+{RESERVED_BYTES / gib:.0f} GiB reserved): raise the fraction or use a smaller "
+            "model"
+        )
+    tokens = batch_token_budget(model.config, dtype, share - weights - RESERVED_BYTES)
+    if tokens < 1:
+        raise EngineError(
+            f"engine {engine_id}: mem_fraction_static={fraction} leaves no room for a batch "
+            f"beside {weights / gib:.2f} GiB of weights"
+        )
+    return {"share_bytes": share, "weights_bytes": weights, "tokens": tokens}
 
 
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if device.type == "cpu" and name in ("auto", "bfloat16"):
+        # bf16 on a CPU only with native bf16 (emulated it is >100x slower); see precision.py
+        asked = None if name == "auto" else True
+        bf16, _why = resolve_bf16(asked, device, what='engine_config.dtype="bfloat16"')
+        return torch.bfloat16 if bf16 else torch.float32
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
@@ -73,62 +173,40 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device("cpu")
 
 
-def sample_next(
-    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
-) -> tuple[int, float, float]:
-    """Pick one token from a row of float32 logits; return (token, logprob, raw_logprob).
-
-    ``logprob`` is ``log_softmax(logits / temperature)`` at the token — the temperature-scaled
-    distribution, *before* top-k / top-p truncation; with temperature 0 (greedy) it equals
-    ``raw_logprob``, ``log_softmax(logits)`` (the model's own distribution at temperature 1).
-    """
-    raw = torch.log_softmax(logits, dim=-1)
-    temperature = sampling.temperature or 0.0
-    if temperature <= 0.0:
-        token = int(torch.argmax(logits))
-        return token, float(raw[token]), float(raw[token])
-    scaled = torch.log_softmax(logits / temperature, dim=-1)
-    filtered = scaled.clone()
-    top_k = sampling.top_k if sampling.top_k is not None else -1
-    if 0 < top_k < filtered.numel():
-        kth = torch.topk(filtered, top_k).values[-1]
-        filtered[filtered < kth] = -float("inf")
-    top_p = sampling.top_p if sampling.top_p is not None else 1.0
-    if top_p < 1.0:
-        sorted_lp, order = torch.sort(filtered, descending=True)
-        probs = torch.softmax(sorted_lp, dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better tokens
-        drop = before >= top_p
-        drop[0] = False
-        filtered[order[drop]] = -float("inf")
-    probs = torch.softmax(filtered, dim=-1)
-    token = int(torch.multinomial(probs, 1, generator=generator))
-    return token, float(scaled[token]), float(raw[token])
-
-
-def _common_prefix_len(rows: list[list[int]]) -> int:
-    first = rows[0]
-    n = min(len(r) for r in rows)
-    for other in rows[1:]:
-        i = 0
-        while i < n and other[i] == first[i]:
-            i += 1
-        n = i
-    return n
-
-
 @dataclass
 class _Row:
     request: EngineRequest
     prompt: list[int]
     max_new: int
-    generator: torch.Generator | None
-    stop_ids: frozenset[int]
+    #: 32-bit key of this row's sampling noise (the request's seed, or a fresh random one)
+    seed: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     raw_logprobs: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
     text: str = ""
+    #: with ``sampling.logprob_verdict``: P("1") / (P("1") + P("0")) at the first reply token
+    verdict_prob: float | None = None
+
+
+def _tokens(rows: list[_Row]) -> int:
+    return sum(len(r.prompt) + r.max_new for r in rows)
+
+
+def _weakest_link(rows: list[_Row], following: _Row) -> int:
+    """Where to cut ``rows`` (then ``following``): in the second half, at the neighbours that
+    share the shortest prefix (the last such place on a tie)."""
+    seq = [*rows, following]
+    best, best_shared = len(rows), None
+    for i in range(len(rows), max(1, len(rows) // 2) - 1, -1):
+        shared = common_prefix_len(seq[i - 1].prompt, seq[i].prompt)
+        if best_shared is None or shared < best_shared:
+            best, best_shared = i, shared
+    return best
+
+
+class VerdictUnavailableError(EngineError):
+    """A logprob verdict was asked for where it means nothing (thinking on, "1"/"0" not tokens)."""
 
 
 class HFEngine(Engine):
@@ -146,9 +224,18 @@ class HFEngine(Engine):
         self._eos_ids: frozenset[int] = frozenset()
         self._generator = torch.Generator(device="cpu")
         self._generator.seed()
-        self._cache_kw = "cache"
         self._lock = threading.Lock()  # one forward at a time; sleep/update wait for it
-        self.counters = {"batches": 0, "prefix_shared_tokens": 0, "forward_tokens": 0}
+        self._compiled_layers: list[Any] = []
+        #: rows × padded length of one forward batch (from mem_fraction_static on CUDA)
+        self.max_batch_tokens = MAX_BATCH_TOKENS
+        #: what the share of the device holds (bytes), once started on CUDA
+        self.memory_budget: dict[str, int] = {}
+        self._host: HostOffloader | None = None
+        self._weight_group: WeightBroadcastGroup | None = None
+        #: seconds of the last sleep / wake / weight update, for the trainer's metrics
+        self.timings: dict[str, float] = {}
+        #: batches: generate calls; chunks: packed prefills (at most max_batch_size rows each)
+        self.counters = {"batches": 0, "chunks": 0, "prefix_shared_tokens": 0, "forward_tokens": 0}
 
     # -- loading -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -196,11 +283,56 @@ class HFEngine(Engine):
     def _load_model(self, path: Path) -> Any:
         from transformers import AutoModelForCausalLM
 
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
-        # transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns).
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        return model.to(self.device).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            path, dtype=self.dtype, attn_implementation=register_attention()
+        )
+        if self.device.type == "cuda" and not self.memory_budget:
+            self._fit_share(model)  # before the weights take device memory
+        model = model.to(self.device).eval()
+        self._compile(model)
+        return model
+
+    def _compile(self, model: Any) -> None:
+        """On CUDA, compile each decoder layer (``GENRM_HF_COMPILE=0`` turns it off).
+
+        Outside attention a layer is a chain of small element-wise kernels (norms, rotary, the
+        gated MLP) that eager mode runs one by one; compiled, they fuse. One compiled layer serves
+        every layer (same code, the weights are inputs), with dynamic shapes, so the first batch
+        pays ~15 s once and later shapes do not recompile. Attention itself stays eager.
+        """
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if self.device.type != "cuda" or os.environ.get("GENRM_HF_COMPILE", "1") == "0":
+            return
+        if layers is None:
+            return
+        for layer in layers:
+            layer.compile(dynamic=True)
+        self._compiled_layers = list(layers)
+
+    def _forward(self, **kwargs: Any) -> Any:
+        """The model's forward; a compiler failure falls back to eager (logged), once."""
+        try:
+            return self.model(**kwargs)
+        except Exception as err:
+            if not self._compiled_layers or not type(err).__module__.startswith("torch._"):
+                raise
+            logger.warning("engine %s: compiled layers failed (%s); eager", self.engine_id, err)
+            for layer in self._compiled_layers:
+                layer._compiled_call_impl = None
+            self._compiled_layers = []
+            return self.model(**kwargs)
+
+    def _fit_share(self, model: Any) -> None:
+        """Check the weights fit ``mem_fraction_static`` of the device; size the batch budget."""
+        fraction = self.spec.engine_config.mem_fraction_static
+        if fraction is None:
+            return
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        self.memory_budget = share_budget(
+            model, self.dtype, fraction, total, engine_id=self.engine_id
+        )
+        self.max_batch_tokens = self.memory_budget["tokens"]
+        logger.info("engine %s: memory share %s", self.engine_id, self.memory_budget)
 
     # -- prompts -----------------------------------------------------------------------------
     @property
@@ -226,11 +358,19 @@ class HFEngine(Engine):
         await asyncio.to_thread(self._sleep)
         self.state = "asleep"
 
+    def _engine_tensors(self) -> dict[str, torch.Tensor]:
+        out = {f"param:{n}": p for n, p in self.model.named_parameters()}
+        out.update({f"buffer:{n}": b for n, b in self.model.named_buffers()})
+        return out
+
     def _sleep(self) -> None:
+        t0 = time.perf_counter()
         with self._lock:
             if self.device.type == "cuda":
-                self.model.to("cpu")
-                torch.cuda.empty_cache()
+                if self._host is None:
+                    self._host = HostOffloader(self._engine_tensors)
+                self._host.offload()  # pinned buffers reused across sleeps, then empty_cache
+                self.timings["sleep_s"] = time.perf_counter() - t0
                 return
             if self.weight_version != self._snapshot_version:
                 if self._snapshot_dir is None:
@@ -247,16 +387,18 @@ class HFEngine(Engine):
         self.state = "awake"
 
     def _wake(self) -> None:
+        t0 = time.perf_counter()
         with self._lock:
             if self.device.type == "cuda":
-                self.model.to(self.device)
+                assert self._host is not None
+                self._host.onload()
+                self.timings["wake_s"] = time.perf_counter() - t0
                 return
             assert self.model_dir is not None
             source = self._snapshot_dir if self.weight_version else self.model_dir
             self.model = self._load_model(source)  # type: ignore[arg-type]
 
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Copy ``state_dict`` (name → tensor, a subset is fine) into the model; awake only."""
+    def _check_update(self, version: int) -> None:
         if self.state != "awake":
             raise EngineAsleepError(f"engine {self.engine_id} is {self.state}: wake it first")
         if version <= self.weight_version:
@@ -264,10 +406,71 @@ class HFEngine(Engine):
                 f"engine {self.engine_id}: weight version {version} must be greater than "
                 f"{self.weight_version}"
             )
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Copy ``state_dict`` (name → tensor, a subset is fine) into the model; awake only."""
+        self._check_update(version)
+        t0 = time.perf_counter()
         await asyncio.to_thread(self._update, state_dict)
         self.weight_version = version
+        self.timings["weight_update_s"] = time.perf_counter() - t0
 
-    def _update(self, state_dict: dict[str, Any]) -> None:
+    async def update_weights_from_ipc(
+        self, buckets: list[tuple[BucketMeta, Any]], version: int, done: bool = True
+    ) -> None:
+        """Copy flat buckets shared by a trainer on this GPU (``ipc_handle``) into the model.
+
+        A sync may come in several calls (one bucket each, so the trainer holds one bucket at a
+        time); the weight version moves to ``version`` with the call marked ``done``. The copy
+        is finished (synchronized) when this returns, so the trainer may free the buckets.
+        """
+        self._check_update(version)
+        if self.device.type != "cuda":
+            raise EngineError(f"engine {self.engine_id}: CUDA IPC weights need a CUDA engine")
+        t0 = time.perf_counter()
+
+        def load() -> None:
+            for meta, handle in buckets:
+                flat = open_ipc_handle(handle, self.device.index)
+                self._update(unpack_bucket(flat, meta))
+                del flat
+            torch.cuda.synchronize(self.device)
+
+        await asyncio.to_thread(load)
+        if done:
+            self.weight_version = version
+        self.timings["weight_update_s"] = time.perf_counter() - t0
+
+    async def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str = "nccl"
+    ) -> None:
+        """Join the weight-broadcast group of trainer rank 0 (rank 0) and the engines."""
+        self._weight_group = await asyncio.to_thread(
+            WeightBroadcastGroup, host, port, rank, world_size, backend=backend
+        )
+
+    async def update_weights_from_broadcast(self, buckets: list[BucketMeta], version: int) -> None:
+        """Receive every bucket of a sync from the weight group, then serve ``version``."""
+        self._check_update(version)
+        group = self._weight_group
+        if group is None:
+            raise EngineError(f"engine {self.engine_id}: no weight group (init_weight_group)")
+        t0 = time.perf_counter()
+
+        def receive() -> None:
+            for meta in buckets:
+                dtype = dtype_from_name(meta.dtype)
+                flat = torch.empty(meta.numel, dtype=dtype, device=self.device)
+                group.broadcast(flat)
+                self._update(unpack_bucket(flat, meta))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        await asyncio.to_thread(receive)
+        self.weight_version = version
+        self.timings["weight_update_s"] = time.perf_counter() - t0
+
+    def _update(self, state_dict: Mapping[str, Any]) -> None:
         with self._lock, torch.no_grad():
             params = dict(self.model.named_parameters())
             params.update(dict(self.model.named_buffers()))
@@ -294,13 +497,21 @@ class HFEngine(Engine):
         gc.collect()
 
     def stats(self) -> dict[str, Any]:
-        return {
+        out = {
             **super().stats(),
             **self.counters,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
+            "max_batch_tokens": self.max_batch_tokens,
+            **self.memory_budget,
+            **{f"time_{k}": v for k, v in self.timings.items()},
         }
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            out |= {"gpu_used_bytes": total - free, "gpu_total_bytes": total}
+            out["gpu_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+        return out
 
     # -- generation --------------------------------------------------------------------------
     async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
@@ -310,20 +521,42 @@ class HFEngine(Engine):
             return []
         return await asyncio.to_thread(self._generate, requests)
 
+    def _verdict_tokens(self, request: EngineRequest) -> tuple[int, int]:
+        """The token ids of "1" and "0", or a clear refusal of a logprob verdict."""
+        kwargs = request.sampling.chat_template_kwargs or {}
+        template = str(getattr(self.tokenizer, "chat_template", "") or "")
+        thinking = request.messages is not None and "enable_thinking" in template
+        if thinking and kwargs.get("enable_thinking", True):
+            raise VerdictUnavailableError(
+                "sampling_params.logprob_verdict needs thinking off: with thinking on the "
+                "first reply token is a thought, not a verdict; send "
+                "chat_template_kwargs={'enable_thinking': false}"
+            )
+        ids = []
+        for digit in ("1", "0"):
+            encoded = self.tokenizer(digit, add_special_tokens=False)["input_ids"]
+            if len(encoded) != 1:
+                raise VerdictUnavailableError(
+                    f"sampling_params.logprob_verdict: {digit!r} is not a single token of this "
+                    f"judge's tokenizer (it encodes as {encoded})"
+                )
+            ids.append(int(encoded[0]))
+        return ids[0], ids[1]
+
     def _make_row(self, request: EngineRequest) -> _Row:
         assert self.prompts is not None
+        if request.sampling.logprob_verdict:
+            self._verdict_tokens(request)  # refused before any compute
         prompt = self.prompts.checked(request)
         default = self.spec.sampling_config.max_response_len or 1
-        generator = None
-        if request.sampling.seed is not None:
-            generator = torch.Generator(device="cpu")
-            generator.manual_seed(request.sampling.seed)
+        seed = request.sampling.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**32, (1,), generator=self._generator))
         return _Row(
             request=request,
             prompt=prompt,
             max_new=self.prompts.max_new_tokens(request, len(prompt), default),
-            generator=generator,
-            stop_ids=self._eos_ids,
+            seed=seed,
         )
 
     def _generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
@@ -339,130 +572,159 @@ class HFEngine(Engine):
         return [self._output(row, elapsed, len(rows)) for row in rows]
 
     def _chunks(self, rows: list[_Row]) -> list[list[_Row]]:
-        """Sub-batches bounded by ``max_batch_size`` rows and :data:`MAX_BATCH_TOKENS` tokens."""
+        """Sub-batches of at most ``max_batch_size`` rows and :data:`MAX_BATCH_TOKENS` tokens.
+
+        Rows are taken in prompt order, so the rows that share a prefix (a GRPO group) are
+        neighbours; a full chunk is cut, in its second half, where neighbours share the least,
+        so that a group stays in one chunk unless it alone exceeds the budget.
+        """
         max_rows = self.spec.engine_config.max_batch_size
         chunks: list[list[_Row]] = []
         current: list[_Row] = []
-        width = 0
-        for row in rows:
-            need = len(row.prompt) + row.max_new
-            new_width = max(width, need)
-            if current and (
-                len(current) >= max_rows or new_width * (len(current) + 1) > MAX_BATCH_TOKENS
+        for row in sorted(rows, key=lambda r: r.prompt):
+            while current and (
+                len(current) >= max_rows
+                or _tokens(current) + _tokens([row]) > self.max_batch_tokens
             ):
-                chunks.append(current)
-                current, new_width = [], need
+                cut = _weakest_link(current, row)
+                chunks.append(current[:cut])
+                current = current[cut:]
             current.append(row)
-            width = new_width
         if current:
             chunks.append(current)
         return chunks
 
     @torch.inference_mode()
     def _run_chunk(self, rows: list[_Row]) -> None:
-        from transformers import DynamicCache
-
-        pad = int(self.tokenizer.pad_token_id)
-        n = len(rows)
-        cache = DynamicCache(config=self.model.config)
-        shared = _common_prefix_len([r.prompt for r in rows]) if n > 1 else 0
-        # Keep at least one private token per row so that every row has its own last logits.
-        shared = min(shared, min(len(r.prompt) for r in rows) - 1)
-        if shared < MIN_SHARED_PREFIX:
-            shared = 0
-        if shared:
-            prefix = torch.tensor([rows[0].prompt[:shared]], device=self.device)
-            self.model(
-                input_ids=prefix, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}
+        """One packed prefill (every row's first token), then batched decoding of the rest."""
+        plan = build_plan([r.prompt for r in rows], self.device)
+        self.counters["chunks"] += 1
+        if any(r.max_new > 1 for r in rows):
+            plan.captured = {}
+        self.counters["prefix_shared_tokens"] += plan.shared_tokens
+        self.counters["forward_tokens"] += plan.num_tokens
+        ends = sorted(set(plan.last_index))
+        keep = torch.tensor(ends, dtype=torch.long, device=self.device)
+        with activate(plan):
+            out = self._forward(
+                input_ids=plan.input_ids,
+                position_ids=plan.position_ids,
+                use_cache=False,
+                logits_to_keep=keep,
             )
-            cache.batch_repeat_interleave(n)
-            self.counters["prefix_shared_tokens"] += shared * (n - 1)
-        suffixes = [r.prompt[shared:] for r in rows]
-        width = max(len(s) for s in suffixes)
-        ids = torch.full((n, width), pad, dtype=torch.long)
-        mask = torch.zeros((n, shared + width), dtype=torch.long)
-        mask[:, :shared] = 1
-        for i, s in enumerate(suffixes):
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, shared + width - len(s) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-        ids, mask, positions = (t.to(self.device) for t in (ids, mask, positions))
-        self.counters["forward_tokens"] += n * width
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kw: cache},
-        )
-        last_pos = positions[:, -1]
+        at = {e: i for i, e in enumerate(ends)}
+        row_of = torch.tensor([at[e] for e in plan.last_index], device=self.device)
+        logits = out.logits[0].index_select(0, row_of).float()  # [rows, vocab]
+        del out
+        self._verdicts(rows, logits)
         for row in rows:
             if row.max_new == 0:
                 row.finish = "length"
-        # ``live``: the rows still present in the batch tensors and the cache, in order. Rows that
-        # finish are dropped from the cache, so a long rollout does not drag finished ones along.
-        live = list(range(n))
-        steps = max(r.max_new for r in rows)
-        for step in range(steps):
-            logits = out.logits[:, -1, :].float().cpu()
-            for j, i in enumerate(live):
-                row = rows[i]
-                if row.finish is not None:
-                    continue
-                gen = row.generator if row.generator is not None else self._generator
-                token, lp, raw = sample_next(logits[j], row.request.sampling, gen)
-                row.tokens.append(token)
-                row.logprobs.append(lp)
-                row.raw_logprobs.append(raw)
-                self._finished(row)
-            keep = [j for j, i in enumerate(live) if rows[i].finish is None]
-            if not keep or step == steps - 1:
-                break
-            if len(keep) < len(live):
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                mask, last_pos = mask[index], last_pos[index]
-                live = [live[j] for j in keep]
-            last_pos = last_pos + 1
-            ones = torch.ones((len(live), 1), dtype=mask.dtype, device=mask.device)
-            mask = torch.cat([mask, ones], 1)
-            self.counters["forward_tokens"] += len(live)
-            out = self.model(
-                input_ids=torch.tensor([[rows[i].tokens[-1]] for i in live], device=self.device),
-                attention_mask=mask,
-                position_ids=last_pos.unsqueeze(1),
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_kw: cache},
-            )
-        for row in rows:
-            if row.finish is None:
-                row.finish = "length"
-                row.text = self._decode(row.tokens)
+        live = [i for i, r in enumerate(rows) if r.max_new > 0]
+        if live:
+            self._decode_rows(rows, live, logits, plan)
+        plan.captured = None
+
+    def _verdicts(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        """P("1") / (P("1") + P("0")) at the first reply position, for the rows that ask."""
+        asking = [i for i, r in enumerate(rows) if r.request.sampling.logprob_verdict]
+        if not asking:
+            return
+        one, zero = self._verdict_tokens(rows[asking[0]].request)
+        index = torch.tensor(asking, dtype=torch.long, device=logits.device)
+        picked = logits.index_select(0, index)[:, [one, zero]]
+        probs = torch.sigmoid(picked[:, 0] - picked[:, 1]).cpu().tolist()
+        for i, p in zip(asking, probs, strict=True):
+            rows[i].verdict_prob = float(p)
+
+    def _decode_rows(
+        self, rows: list[_Row], live: list[int], logits: torch.Tensor, plan: PackedPlan
+    ) -> None:
+        """Sample every live row's tokens until each stops; finished rows leave the batch."""
+        device = self.device
+        index = torch.tensor(live, dtype=torch.long, device=device)
+        logits = logits.index_select(0, index)
+        sampling = RowSampling.of(
+            [rows[i].request.sampling for i in live], [rows[i].seed for i in live], device
+        )
+        eos = torch.tensor(sorted(self._eos_ids), dtype=torch.long)
+        max_new = torch.tensor([rows[i].max_new for i in live], dtype=torch.long)
+        has_stop = [bool(rows[i].request.sampling.stop) for i in live]
+        steps = int(max_new.max())
+        tok_h = torch.zeros((len(live), steps), dtype=torch.long)
+        lp_h = torch.zeros((len(live), steps), dtype=torch.float32)
+        raw_h = torch.zeros((len(live), steps), dtype=torch.float32)
+        batch = torch.arange(len(live))  # positions (into ``live``) of the rows in the batch
+        state: DecodeState | None = None
+        step = 0
+        while True:
+            tokens, lp, raw = sample(logits, sampling, step)
+            host = torch.stack([tokens.to(torch.float32), lp, raw]).cpu()
+            tok_step = host[0].to(torch.long)
+            tok_h[batch, step] = tok_step
+            lp_h[batch, step] = host[1]
+            raw_h[batch, step] = host[2]
+            done = torch.isin(tok_step, eos) | (max_new[batch] <= step + 1)
+            for j in (j for j, b in enumerate(batch.tolist()) if has_stop[b]):
+                done[j] |= self._hit_stop(rows[live[int(batch[j])]], tok_h[batch[j], : step + 1])
+            finished = batch[done]
+            for b in finished.tolist():
+                self._finish(rows[live[b]], tok_h[b, : step + 1], lp_h[b], raw_h[b])
+            if bool(done.all()):
+                return
+            keep = (~done).nonzero()[:, 0]
+            if state is None:
+                state = DecodeState.from_plan(
+                    plan, [live[b] for b in batch[keep].tolist()], steps - 1, device
+                )
+                plan.captured = None  # the packed K/V is no longer needed
+                sampling = sampling.select(keep.to(device))
+            elif len(keep) < len(batch):
+                keep_dev = keep.to(device)
+                state.select(keep_dev)
+                sampling = sampling.select(keep_dev)
+            batch = batch[keep]
+            current = tokens.index_select(0, keep.to(device))
+            step += 1
+            self.counters["forward_tokens"] += len(batch)
+            with activate(state):
+                out = self._forward(
+                    input_ids=current[:, None],
+                    position_ids=state.write_at[:, None],
+                    use_cache=False,
+                    logits_to_keep=1,
+                )
+            state.advance()
+            logits = out.logits[:, -1, :].float()
+            del out
 
     def _decode(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
 
-    def _finished(self, row: _Row) -> bool:
-        """Set ``finish``/``text`` when the row just hit EOS, a stop string or its length."""
-        if row.tokens[-1] in row.stop_ids:
+    def _hit_stop(self, row: _Row, tokens: torch.Tensor) -> bool:
+        stops = row.request.sampling.stop or []
+        text = self._decode(tokens.tolist())
+        return any(s and s in text for s in stops)
+
+    def _finish(
+        self, row: _Row, tokens: torch.Tensor, logprobs: torch.Tensor, raw: torch.Tensor
+    ) -> None:
+        """Record a finished row: EOS first, then a stop string, else its length ran out."""
+        n = len(tokens)
+        row.tokens = tokens.tolist()
+        row.logprobs = logprobs[:n].tolist()
+        row.raw_logprobs = raw[:n].tolist()
+        if row.tokens[-1] in self._eos_ids:
             row.finish = "stop"
             row.text = self._decode(row.tokens[:-1])
-            return True
+            return
+        text = self._decode(row.tokens)
         stops = row.request.sampling.stop or []
-        if stops:
-            text = self._decode(row.tokens)
-            cut = min((i for s in stops if s and (i := text.find(s)) >= 0), default=None)
-            if cut is not None:
-                row.finish = "stop"
-                row.text = text[:cut]
-                return True
-        if len(row.tokens) >= row.max_new:
-            row.finish = "length"
-            row.text = self._decode(row.tokens)
-            return True
-        return False
+        cut = min((i for s in stops if s and (i := text.find(s)) >= 0), default=None)
+        if cut is not None:
+            row.finish, row.text = "stop", text[:cut]
+        else:
+            row.finish, row.text = "length", text
 
     def _output(self, row: _Row, elapsed: float, batch: int) -> EngineOutput:
         assert row.finish is not None
@@ -475,6 +737,8 @@ class HFEngine(Engine):
             weight_version=self.weight_version,
             extra={"route_key": self.spec.route_key, "engine_id": self.engine_id},
         )
+        if row.verdict_prob is not None:
+            out.extra["verdict_prob"] = row.verdict_prob
         if row.request.return_tokens:
             out.token_ids = list(row.tokens)
             out.logprobs = list(row.logprobs)

@@ -1,9 +1,13 @@
 """The Ray actor that hosts one engine: a micro-batcher in front of ``Engine.generate``.
 
 A judge request is prefill-bound (a long prompt, one or two output tokens), so throughput comes
-from putting concurrent requests into one forward pass. Callers send single requests; this actor
-queues them and hands the engine batches of up to ``engine_config.max_batch_size``, one batch at
-a time, while its event loop stays free for health probes and stats (engines run their compute
+from putting concurrent requests into one forward pass. Callers send single requests or lists
+(``generate_many``: the rewards send a GRPO group's requests as one list); this actor queues each
+call as one unit and hands the engine batches of whole units, up to
+``engine_config.max_batch_size`` requests, one batch at a time — so the samples of a group meet
+in one engine batch and share their prompt prefix there (a unit larger than the limit goes alone;
+the engine splits it between groups). One batch runs at a time, while the event loop stays
+free for health probes and stats (engines run their compute
 off the loop). It is a plain Ray actor, not a Serve replica, so rl-core can place it into a
 placement-group bundle of its plan (:func:`create_engine_worker`).
 """
@@ -18,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from genrm_serve import limits
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engines.base import (
     Engine,
@@ -44,13 +49,13 @@ logger = logging.getLogger(__name__)
 #: How long the batcher waits for more requests once it has one (seconds).
 DEFAULT_BATCH_WAIT_S = 0.002
 #: Longest a request may wait in this actor, queue included.
-DEFAULT_REQUEST_TIMEOUT_S = 600.0
-#: Longest loading a model may take (the embedded Gemma converts from GGUF once, ~70 s).
-DEFAULT_START_TIMEOUT_S = 900.0
+DEFAULT_REQUEST_TIMEOUT_S = limits.REQUEST_TIMEOUT_S
+#: Longest loading a model may take: the supervisor's deadline too (one constant, limits.py).
+DEFAULT_START_TIMEOUT_S = limits.ENGINE_START_TIMEOUT_S
 #: Longest a sleep() waits for queued requests to finish before failing them.
-DEFAULT_DRAIN_TIMEOUT_S = 120.0
+DEFAULT_DRAIN_TIMEOUT_S = limits.DRAIN_TIMEOUT_S
 #: Longest a health probe may take.
-DEFAULT_HEALTH_TIMEOUT_S = 10.0
+DEFAULT_HEALTH_TIMEOUT_S = limits.PROBE_TIMEOUT_S
 #: Logical CPUs an engine actor asks Ray for (the 2-core CI machine hosts several).
 DEFAULT_WORKER_NUM_CPUS = 0.1
 
@@ -65,6 +70,10 @@ class _Pending:
     request: EngineRequest
     future: asyncio.Future[EngineOutput]
     enqueued: float = field(default_factory=time.monotonic)
+
+
+#: The requests of one call: they go into one engine batch together.
+_Unit = list[_Pending]
 
 
 class EngineWorker:
@@ -92,7 +101,10 @@ class EngineWorker:
         self.batch_wait_s = batch_wait_s
         self.request_timeout_s = request_timeout_s
         self.start_timeout_s = start_timeout_s
-        self._queue: asyncio.Queue[_Pending] | None = None
+        self._queue: asyncio.Queue[_Unit] | None = None
+        #: a unit taken from the queue that did not fit into the last batch: the next one's first
+        self._carry: _Unit | None = None
+        self._queued = 0
         self._loop_task: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
         self._accepting = False
@@ -173,6 +185,43 @@ class EngineWorker:
             await engine.update_weights(state_dict, version)
         return engine.weight_version
 
+    async def update_weights_from_ipc(
+        self, buckets: list[tuple[Any, Any]], version: int, done: bool = True
+    ) -> int:
+        """Flat weight buckets shared through CUDA IPC by a trainer on this GPU; see
+        ``HFEngine.update_weights_from_ipc``. Returns the engine's ``weight_version``."""
+        engine = self._engine()
+        assert self._lock is not None
+        async with self._lock:
+            await self._weights_method(engine, "update_weights_from_ipc")(buckets, version, done)
+        return engine.weight_version
+
+    async def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str = "nccl"
+    ) -> None:
+        """Join the weight-broadcast group of trainer rank 0 and the engines (other GPUs)."""
+        engine = self._engine()
+        await self._weights_method(engine, "init_weight_group")(
+            host, port, rank, world_size, backend
+        )
+
+    async def update_weights_from_broadcast(self, buckets: list[Any], version: int) -> int:
+        """Receive a sync's buckets from the weight group; returns the new ``weight_version``."""
+        engine = self._engine()
+        assert self._lock is not None
+        async with self._lock:
+            await self._weights_method(engine, "update_weights_from_broadcast")(buckets, version)
+        return engine.weight_version
+
+    def _weights_method(self, engine: Engine, name: str) -> Any:
+        method = getattr(engine, name, None)
+        if method is None:
+            raise EngineError(
+                f"engine {self.engine_id} ({type(engine).__name__}) has no {name}: "
+                "use the object-store path (update_weights)"
+            )
+        return method
+
     async def check_health(self) -> None:
         """Raise if this engine cannot serve (asleep counts as healthy: it can be woken)."""
         if self.engine is None or self._loop_task is None:
@@ -195,7 +244,7 @@ class EngineWorker:
             "state": self.engine.state if self.engine is not None else "created",
             "weight_version": self.engine.weight_version if self.engine is not None else 0,
             "accepting": self._accepting,
-            "queue_depth": self._queue.qsize() if self._queue is not None else 0,
+            "queue_depth": self._queued,
             "in_flight": self._in_flight,
             **{k: int(v) for k, v in self._counters.items()},
             "mean_batch": (self._counters["batched_requests"] / batches) if batches else 0.0,
@@ -261,14 +310,33 @@ class EngineWorker:
     # -- requests ----------------------------------------------------------------------------
     async def generate(self, request: EngineRequest) -> EngineOutput:
         """One request; concurrent calls are batched together."""
+        (pending,) = self._submit([request])
+        return await self._wait(pending)
+
+    async def generate_many(self, requests: list[EngineRequest]) -> list[EngineOutput]:
+        """Several requests in one engine batch (unless more than ``max_batch_size``), results
+        in order; the first failure is raised."""
+        if not requests:
+            return []
+        pending = self._submit(requests)
+        return list(await asyncio.gather(*(self._wait(p) for p in pending)))
+
+    def _submit(self, requests: list[EngineRequest]) -> _Unit:
         engine = self._engine()
         assert self._queue is not None
         if not self._accepting or engine.state == "asleep":
             raise EngineAsleepError(f"engine {self.engine_id} is asleep (wake it first)")
-        request.sampling = request.sampling.merged_over(self.spec.sampling_config)
-        pending = _Pending(request, asyncio.get_running_loop().create_future())
-        self._counters["requests"] += 1
-        self._queue.put_nowait(pending)
+        loop = asyncio.get_running_loop()
+        unit: _Unit = []
+        for request in requests:
+            request.sampling = request.sampling.merged_over(self.spec.sampling_config)
+            unit.append(_Pending(request, loop.create_future()))
+        self._counters["requests"] += len(unit)
+        self._queued += len(unit)
+        self._queue.put_nowait(unit)
+        return unit
+
+    async def _wait(self, pending: _Pending) -> EngineOutput:
         try:
             return await asyncio.wait_for(asyncio.shield(pending.future), self.request_timeout_s)
         except asyncio.CancelledError:
@@ -280,47 +348,60 @@ class EngineWorker:
                 f"engine {self.engine_id}: request timed out after {self.request_timeout_s} s"
             ) from None
 
-    async def generate_many(self, requests: list[EngineRequest]) -> list[EngineOutput]:
-        """Several requests, results in order; the first failure is raised."""
-        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
-
     def _fail_queued(self, error: Exception) -> None:
         if self._queue is None:
             return
+        units: list[_Unit] = []
+        if self._carry is not None:
+            units.append(self._carry)
+            self._carry = None
         while not self._queue.empty():
-            pending = self._queue.get_nowait()
-            if not pending.future.done():
-                pending.future.set_exception(error)
-                self._counters["failed"] += 1
+            units.append(self._queue.get_nowait())
+        for unit in units:
+            self._queued -= len(unit)
+            for pending in unit:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+                    self._counters["failed"] += 1
             self._queue.task_done()
 
-    async def _next_batch(self) -> list[_Pending]:
+    async def _next_batch(self) -> list[_Unit]:
+        """Whole units, up to ``max_batch_size`` requests, waiting ``batch_wait_s`` for more."""
         assert self._queue is not None
-        first = await self._queue.get()
+        if self._carry is not None:
+            first, self._carry = self._carry, None
+        else:
+            first = await self._queue.get()
         batch = [first]
+        size = len(first)
         limit = self.spec.engine_config.max_batch_size
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.batch_wait_s
-        while len(batch) < limit:
+        while size < limit:
             try:
-                batch.append(self._queue.get_nowait())
-                continue
+                unit = self._queue.get_nowait()
             except asyncio.QueueEmpty:
-                pass
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    unit = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+            if size + len(unit) > limit:
+                self._carry = unit  # whole units only: it opens the next batch
                 break
-            try:
-                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-            except TimeoutError:
-                break
+            batch.append(unit)
+            size += len(unit)
+        self._queued -= size
         return batch
 
     async def _batch_loop(self) -> None:
         assert self._lock is not None and self._queue is not None
         while True:
-            batch = await self._next_batch()
-            live = [p for p in batch if not p.future.done()]  # callers that gave up are skipped
+            units = await self._next_batch()
+            # callers that gave up are skipped
+            live = [p for unit in units for p in unit if not p.future.done()]
             try:
                 if live:
                     async with self._lock:
@@ -330,7 +411,7 @@ class EngineWorker:
                         finally:
                             self._in_flight = 0
             finally:
-                for _ in batch:
+                for _ in units:
                     self._queue.task_done()
 
     async def _run(self, batch: list[_Pending]) -> None:
@@ -413,6 +494,16 @@ def _remote_worker_class() -> Any:
     return _REMOTE_CLASS
 
 
+def _placement_gpus(spec: InstanceSpec, placement_group: Any, bundle_index: int | None) -> float:
+    if placement_group is not None:
+        specs = placement_group.bundle_specs
+        bundle = specs[bundle_index if bundle_index is not None and bundle_index >= 0 else 0]
+        return float(bundle.get("GPU", 0.0))
+    from genrm_serve.engine_refs import needs_gpus
+
+    return float(spec.num_gpus_per_engine) if needs_gpus(spec, _cluster_has_gpus()) else 0.0
+
+
 def _cluster_has_gpus() -> bool:
     import ray
 
@@ -436,9 +527,11 @@ def create_engine_worker(
 ) -> Any:
     """Create (not start) the Ray actor for engine ``engine_index`` of ``spec``.
 
-    Call ``await handle.start.remote()`` next. GPUs: ``spec.num_gpus_per_engine`` when the cluster
-    has GPUs (logical ones count), else 0; pass ``num_gpus`` to share a bundle (e.g. 0.2 for a
-    colocated judge). With ``placement_group`` the actor goes into ``bundle_index`` of it.
+    Call ``await handle.start.remote()`` next. GPUs: what the placement says — ``num_gpus`` when
+    given (e.g. 0.2 to share a colocated bundle), else the GPUs of its bundle (``placement_group``
+    / ``bundle_index``), else ``spec.num_gpus_per_engine`` if the engine computes on a GPU and the
+    cluster has any (never a GPU for ``device: cpu`` or the scripted engine). With
+    ``placement_group`` the actor goes into ``bundle_index`` of it.
     ``shared_gpu``: another inference engine's memory lives on the same GPUs (the shared
     layout); an SGLang engine then needs ``engine_config.mem_fraction_static``.
     """
@@ -448,7 +541,7 @@ def create_engine_worker(
     if not ray.is_initialized():
         raise EngineError("create_engine_worker: Ray is not initialised (call ray.init first)")
     if num_gpus is None:
-        num_gpus = float(spec.num_gpus_per_engine) if _cluster_has_gpus() else 0.0
+        num_gpus = _placement_gpus(spec, placement_group, bundle_index)
     options: dict[str, Any] = {
         "num_gpus": num_gpus,
         "num_cpus": DEFAULT_WORKER_NUM_CPUS if num_cpus is None else num_cpus,

@@ -9,13 +9,14 @@ the rollout engines, memory offload / onload for colocated phases, and checkpoin
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from rl_core.grpo.loss import LossConfig
+from rl_core.grpo.loss import LossConfig, grpo_loss
 
 LrDecayStyle = Literal["constant", "linear", "cosine"]
 
@@ -55,7 +56,7 @@ class BackendConfig:
     clip_grad: float = 1.0
     max_tokens_per_micro_batch: int = 4096
     logprob_chunk_size: int = 256
-    bf16: bool = False
+    bf16: bool | None = False  # None = auto: bf16 only where the device has it natively
     temperature: float = 1.0
     seed: int = 1234
     loss: LossConfig = field(default_factory=LossConfig)
@@ -76,6 +77,93 @@ def lr_at(cfg: BackendConfig, step: int) -> float:
     import math
 
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
+
+
+def no_weight_decay(name: str, param: torch.Tensor) -> bool:
+    """Norm weights and biases are not decayed: shrinking a norm's gain or a bias toward 0 is
+    not regularisation, it changes the function (the usual rule, and Megatron's): 1-D tensors
+    and anything named ``*.bias``."""
+    return param.ndim < 2 or name.endswith(".bias")
+
+
+def param_groups(
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], weight_decay: float
+) -> list[dict[str, Any]]:
+    """Optimizer parameter groups: decayed weights, then norms and biases with no decay.
+
+    Trainable parameters only; an empty group is left out (torch refuses none).
+    """
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for name, p in named_parameters:
+        if p.requires_grad:
+            (no_decay if no_weight_decay(name, p) else decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+Forward = Callable[[list[TrainItem]], tuple[list[torch.Tensor], list[torch.Tensor]]]
+
+
+def backward_micro_batches(
+    forward: Forward,
+    items: list[TrainItem],
+    micro_batches: list[list[int]],
+    loss_cfg: LossConfig,
+    *,
+    total_tokens: float,
+    old_logprobs: list[torch.Tensor] | None,
+    ref_logprobs: list[torch.Tensor] | None,
+) -> tuple[dict[str, float], int]:
+    """The GRPO loss of every micro-batch that has in-loss tokens, back-propagated.
+
+    Shared by the backends, which differ only in ``forward`` (a micro-batch's per-token
+    log-probs and entropies) and in how they cut ``micro_batches``. The loss is a token mean over
+    ``total_tokens`` (the global batch's), so gradients accumulate to the global batch's. Returns
+    metric sums (each already divided by ``total_tokens``) and the micro-batches run.
+    """
+    sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0, "tis": 0.0, "entropy": 0.0}
+    n_micro = 0
+    for mb in micro_batches:
+        batch = [items[i] for i in mb]
+        if not any(it.in_loss for it in batch):
+            continue
+        n_micro += 1
+        logps, ents = forward(batch)
+        logp = torch.cat(logps)
+        dev = logp.device
+        adv = torch.cat([torch.full((it.response_len,), it.advantage) for it in batch]).to(dev)
+        mask = torch.cat([torch.full((it.response_len,), float(it.in_loss)) for it in batch])
+        mask = mask.to(dev)
+        if old_logprobs is None:  # on-policy single step: old = current, no extra pass
+            old = logp.detach()
+        else:
+            old = torch.cat([old_logprobs[i] for i in mb]).to(dev)
+        ref = torch.cat([ref_logprobs[i] for i in mb]).to(dev) if ref_logprobs is not None else None
+        rollout = None
+        if loss_cfg.use_tis:
+            rollout = torch.cat([torch.tensor(it.rollout_logprobs or []) for it in batch]).to(dev)
+        parts = grpo_loss(
+            logp,
+            old,
+            adv,
+            mask,
+            loss_cfg,
+            total_tokens=total_tokens,
+            ref_logprobs=ref,
+            rollout_logprobs=rollout,
+        )
+        torch.autograd.backward(parts.loss)
+        sums["loss"] += float(parts.loss.detach())
+        sums["pg_loss"] += parts.pg_loss_sum / total_tokens
+        sums["kl"] += parts.kl_sum / total_tokens
+        sums["clipfrac"] += parts.clipfrac_sum / total_tokens
+        sums["tis"] += parts.tis_sum / total_tokens
+        sums["entropy"] += float((torch.cat(ents) * mask).sum()) / total_tokens
+    return sums, n_micro
 
 
 class TrainingBackend(ABC):

@@ -20,8 +20,15 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
-from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem, lr_at
-from rl_core.grpo.loss import grpo_loss
+from rl_core.backends.base import (
+    BackendConfig,
+    TrainingBackend,
+    TrainItem,
+    backward_micro_batches,
+    lr_at,
+    param_groups,
+)
+from rl_core.backends.precision import resolve_bf16
 
 
 def micro_batches(items: list[TrainItem], max_tokens: int) -> list[list[int]]:
@@ -148,6 +155,8 @@ class TorchHFBackend(TrainingBackend):
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
+        #: bf16 autocast only where the device computes bf16 natively (see ``precision``).
+        self.bf16, self.precision = resolve_bf16(cfg.bf16, self.device)
         torch.manual_seed(cfg.seed)
         self.model_path = str(model_path)
         self.model: Any = _load_causal_lm(self.model_path, self.device)
@@ -160,21 +169,21 @@ class TorchHFBackend(TrainingBackend):
             self.ref_model = _load_causal_lm(self.model_path, self.device)
             self.ref_model.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            param_groups(self.model.named_parameters(), cfg.weight_decay),  # norms, biases: 0
             lr=lr_at(cfg, 0),
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
         )
         self.step = 0
         self.offloaded = False
+        self._host: Any = None  # HostOffloader, made at the first offload on a GPU
         softcap = getattr(self.model.config, "final_logit_softcapping", None)
         self._softcap: float | None = float(softcap) if softcap else None
 
     # --- forward ---------------------------------------------------------------------------------
 
     def _autocast(self) -> Any:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def _forward(
         self, model: Any, items: list[TrainItem]
@@ -232,7 +241,6 @@ class TorchHFBackend(TrainingBackend):
         total_tokens: float | None = None,
     ) -> dict[str, float]:
         self._check_loaded()
-        loss_cfg = self.cfg.loss
         local_tokens = float(sum(it.response_len for it in items if it.in_loss))
         # the token-mean is over the *global* batch: a data-parallel rank passes its total
         total_tokens = local_tokens if total_tokens is None else float(total_tokens)
@@ -241,53 +249,15 @@ class TorchHFBackend(TrainingBackend):
             group["lr"] = lr
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0, "tis": 0.0, "entropy": 0.0}
-        n_micro = 0
-        if local_tokens > 0:
-            for mb in micro_batches(items, self.cfg.max_tokens_per_micro_batch):
-                batch = [items[i] for i in mb]
-                if not any(it.in_loss for it in batch):
-                    continue
-                n_micro += 1
-                logps, ents = self._forward(self.model, batch)
-                logp = torch.cat(logps)
-                adv = torch.cat([torch.full((it.response_len,), it.advantage) for it in batch])
-                mask = torch.cat(
-                    [torch.full((it.response_len,), float(it.in_loss)) for it in batch]
-                )
-                if old_logprobs is None:  # on-policy single step: old = current, no extra pass
-                    old = logp.detach()
-                else:
-                    old = torch.cat([old_logprobs[i] for i in mb]).to(logp.device)
-                ref = (
-                    torch.cat([ref_logprobs[i] for i in mb]).to(logp.device)
-                    if ref_logprobs is not None
-                    else None
-                )
-                rollout = None
-                if loss_cfg.use_tis:
-                    rollout = torch.cat(
-                        [torch.tensor(items[i].rollout_logprobs or []) for i in mb]
-                    ).to(logp.device)
-                parts = grpo_loss(
-                    logp,
-                    old,
-                    adv.to(logp.device),
-                    mask.to(logp.device),
-                    loss_cfg,
-                    total_tokens=total_tokens,
-                    ref_logprobs=ref,
-                    rollout_logprobs=rollout,
-                )
-                torch.autograd.backward(parts.loss)
-                sums["loss"] += float(parts.loss.detach())
-                sums["pg_loss"] += parts.pg_loss_sum / total_tokens
-                sums["kl"] += parts.kl_sum / total_tokens
-                sums["clipfrac"] += parts.clipfrac_sum / total_tokens
-                sums["tis"] += parts.tis_sum / total_tokens
-                sums["entropy"] += float((torch.cat(ents) * mask.to(logp.device)).sum()) / (
-                    total_tokens
-                )
+        sums, n_micro = backward_micro_batches(
+            lambda batch: self._forward(self.model, batch),
+            items,
+            micro_batches(items, self.cfg.max_tokens_per_micro_batch) if local_tokens > 0 else [],
+            self.cfg.loss,
+            total_tokens=total_tokens,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+        )
         grad_norm = 0.0
         reduce_gradients(self.model)
         if total_tokens > 0:
@@ -319,27 +289,54 @@ class TorchHFBackend(TrainingBackend):
             for k, v in self.model.named_parameters()
         }
 
-    def _move(self, device: torch.device) -> None:
-        self.model.to(device)
-        for state in self.optimizer.state.values():
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The policy's parameters in a fixed order (a tied weight once): the bucketed
+        transfers' source. While offloaded they are the pinned host buffers, which a transfer
+        reads as they are (no onload)."""
+        return [(k, v.detach()) for k, v in self.model.named_parameters()]
+
+    def offload_tensors(self) -> dict[str, torch.Tensor]:
+        """Everything that lives on the device between steps: weights, gradients (if any), the
+        optimizer's state, the reference model. Names are stable across steps, so the host
+        buffers of one offload are the buffers of the next."""
+        out: dict[str, torch.Tensor] = {}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for n, p in self.model.named_parameters():
+            out[f"param:{n}"] = p
+            if p.grad is not None:
+                out[f"grad:{n}"] = p.grad
+        for p, state in self.optimizer.state.items():
             for k, v in state.items():
                 if isinstance(v, torch.Tensor):
-                    state[k] = v.to(device)
+                    out[f"optim:{names.get(id(p), id(p))}:{k}"] = v
         if self.ref_model is not None:
-            self.ref_model.to(device)
+            for n, p in self.ref_model.named_parameters():
+                out[f"ref:{n}"] = p
+        return out
+
+    def _offloader(self) -> Any:
+        if self._host is None:
+            from genrm_serve import HostOffloader
+
+            self._host = HostOffloader(self.offload_tensors)
+        return self._host
 
     def offload(self) -> None:
+        """Weights, grads and Adam state into pinned host buffers allocated once (on CUDA)."""
         if not self.offloaded:
             if self.device.type != "cpu":
-                self._move(torch.device("cpu"))
-                torch.cuda.empty_cache()
+                self._offloader().offload()
             self.offloaded = True
 
     def onload(self) -> None:
         if self.offloaded:
             if self.device.type != "cpu":
-                self._move(self.device)
+                self._offloader().onload()
             self.offloaded = False
+
+    def last_move(self) -> dict[str, float]:
+        """Seconds of the last offload / onload (empty on CPU, where nothing moves)."""
+        return dict(self._host.last) if self._host is not None else {}
 
     def _check_loaded(self) -> None:
         if self.offloaded:

@@ -141,10 +141,15 @@ class _RayGroup:
         device: str,
         name_prefix: str,
         load_reference: bool | None = None,
+        train_backend: str = "torch",
+        megatron: Any = None,
     ) -> None:
         placement = realized.plan.roles[role]
         self.role = role
         self.world_size = len(placement.bundles)
+        #: ranks that hold one model copy between them (Megatron's tensor parallelism)
+        self.tp = 1
+        self.precision: str | None = None
         cls = _remote_worker()
         self.workers = [
             cls.options(
@@ -157,6 +162,8 @@ class _RayGroup:
                 cfg,
                 device=device,
                 load_reference=load_reference,
+                train_backend=train_backend,
+                megatron=megatron,
             )
             for rank in range(self.world_size)
         ]
@@ -164,7 +171,15 @@ class _RayGroup:
     async def start(self) -> list[dict[str, Any]]:
         """Join the process group and load the model on every rank; where each rank runs."""
         addr, port = await self.workers[0].address.remote()
-        return list(await asyncio.gather(*(w.setup.remote(addr, port) for w in self.workers)))
+        where = list(await asyncio.gather(*(w.setup.remote(addr, port) for w in self.workers)))
+        self.tp = int(await self.workers[0].model_parallel_size.remote())
+        #: what the ranks compute in (e.g. "fp32: this CPU has no native bf16"), for the summary
+        self.precision = where[0].get("precision")
+        return where
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // self.tp
 
     async def where(self) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(w.where.remote() for w in self.workers)))
@@ -194,28 +209,68 @@ class TrainGroup(_RayGroup):
         steps = optimizer_steps(items, batch_size)
         tokens = [in_loss_tokens(s) for s in steps]
         old_steps, ref_steps = _per_step(old, batch_size), _per_step(ref, batch_size)
-        shards = [split_by_tokens(s, self.world_size) for s in steps]
+        # data-parallel shards; the tensor-parallel peers of a shard (ranks r // tp) share it
+        shards = [split_by_tokens(s, self.data_parallel_size) for s in steps]
 
         def pick(per_step: list[list[Any]] | None, rank: int) -> list[list[Any]] | None:
             if per_step is None:
                 return None
-            return [[per_step[k][i] for i in shards[k][rank]] for k in range(len(steps))]
+            dp = rank // self.tp
+            return [[per_step[k][i] for i in shards[k][dp]] for k in range(len(steps))]
 
         calls = [
             w.train.remote(pick(steps, r), tokens, pick(old_steps, r), pick(ref_steps, r))
             for r, w in enumerate(self.workers)
         ]
-        return average(list(await asyncio.gather(*calls)), len(steps))
+        per_rank = list(await asyncio.gather(*calls))
+        return average(per_rank[:: self.tp], len(steps))  # TP peers report the same numbers
 
     async def export_weights(self) -> Any:
-        """Rank 0's weights as an object-store reference: one copy, shared by every engine."""
-        return self.workers[0].export_weights.remote()
+        """Rank 0's weights as an object-store reference: one copy, shared by every engine.
+
+        Under tensor parallelism the export gathers over the TP group: every rank takes part.
+        """
+        refs = [w.export_weights.remote() for w in self.workers[: self.tp]]
+        if self.tp > 1:
+            await asyncio.gather(*refs[1:])
+        return refs[0]
 
     async def offload(self) -> None:
         await self._all("offload")
 
     async def onload(self) -> None:
         await self._all("onload")
+
+    async def memory(self) -> list[dict[str, Any]]:
+        """Every rank's GPU memory now (and its last offload / onload seconds)."""
+        return await self._all("memory")
+
+    # --- weights on the device (``rl_core.weight_sync``) ---------------------------------------
+
+    async def weight_buckets(
+        self, bucket_bytes: int, dtype: str, ranks: Sequence[int] = (0,)
+    ) -> list[Any]:
+        """Plan the next sync on ``ranks`` (every rank holds the same weights: the same plan)."""
+        plans = await asyncio.gather(
+            *(self.workers[r].weight_buckets.remote(bucket_bytes, dtype) for r in ranks)
+        )
+        return list(plans[0])
+
+    async def export_bucket_ipc(self, rank: int, index: int) -> Any:
+        return await self.workers[rank].export_bucket_ipc.remote(index)
+
+    async def release_ipc(self, ranks: Sequence[int]) -> None:
+        await asyncio.gather(*(self.workers[r].release_ipc.remote() for r in ranks))
+
+    async def weight_group_address(self) -> tuple[str, int]:
+        addr, port = await self.workers[0].address.remote()
+        return str(addr), int(port)
+
+    async def init_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
+        await self.workers[0].init_weight_group.remote(host, port, world_size, backend)
+
+    async def broadcast_weights(self) -> float:
+        return float(await self.workers[0].broadcast_weights.remote())
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
         await self._all("save", str(path), extra)

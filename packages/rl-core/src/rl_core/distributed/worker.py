@@ -57,6 +57,24 @@ def train_shards(
     return sums
 
 
+def _ray_gpu_ids() -> list[Any]:
+    try:
+        import ray
+
+        return list(ray.get_gpu_ids())
+    except Exception:  # outside Ray (tests, benchmarks)
+        return []
+
+
+def _ray_node_id() -> str | None:
+    try:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # outside Ray
+        return None
+
+
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,12 +94,18 @@ class TrainWorker:
         *,
         device: str = "auto",
         load_reference: bool | None = None,
+        train_backend: str = "torch",
+        megatron: Any = None,
     ) -> None:
         self.role, self.rank, self.world_size = role, rank, world_size
         self.model_path, self.cfg = model_path, cfg
         self.device = resolve_device(device)
         self.load_reference = load_reference
+        self.train_backend, self.megatron = train_backend, megatron
         self.backend: Any = None
+        self._buckets: list[Any] = []  # the plan of the weight sync in progress
+        self._ipc_bucket: torch.Tensor | None = None  # alive until its engines have copied it
+        self._weight_group: Any = None
 
     # --- set-up ----------------------------------------------------------------------------------
 
@@ -110,13 +134,24 @@ class TrainWorker:
                 world_size=self.world_size,
                 timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S),
             )
-        from rl_core.backends.torch_hf import TorchHFBackend
+        if self.train_backend == "megatron":  # builds Megatron's parallel state on the group
+            from rl_core.backends.megatron.backend import MegatronBackend
 
-        self.backend = TorchHFBackend(
-            self.model_path, self.cfg, device=self.device, load_reference=self.load_reference
-        )
-        if self.role != "actor":
-            self.backend.model.requires_grad_(False)
+            self.backend = MegatronBackend(
+                self.model_path,
+                self.cfg,
+                self.megatron,
+                device=self.device,
+                load_reference=self.load_reference,
+            )
+        else:
+            from rl_core.backends.torch_hf import TorchHFBackend
+
+            self.backend = TorchHFBackend(
+                self.model_path, self.cfg, device=self.device, load_reference=self.load_reference
+            )
+            if self.role != "actor":
+                self.backend.model.requires_grad_(False)
         return self.where()
 
     def where(self) -> dict[str, Any]:
@@ -135,6 +170,7 @@ class TrainWorker:
             "placement_group_id": pg,
             "assigned_resources": dict(ctx.get_assigned_resources()),  # type: ignore[no-untyped-call]
             "device": self.device,
+            "precision": getattr(self.backend, "precision", None),
         }
 
     # --- training --------------------------------------------------------------------------------
@@ -158,10 +194,73 @@ class TrainWorker:
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """A forward-only rank (``actor_fwd``) follows the policy after each weight sync."""
+        if hasattr(self.backend, "load_weights"):  # Megatron: its names are not HF's
+            self.backend.load_weights(state)
+            return
         own = dict(self.backend.model.named_parameters())
         with torch.no_grad():
             for name, value in state.items():
                 own[name].copy_(value.to(own[name].device, own[name].dtype))
+
+    # --- weights on the device ------------------------------------------------------------------
+
+    def weight_buckets(self, bucket_bytes: int, dtype: str = "bfloat16") -> list[Any]:
+        """Plan the next weight sync: the policy in flat buckets of ``bucket_bytes``."""
+        from genrm_serve import plan_buckets
+        from genrm_serve.engines.weights import dtype_from_name
+
+        self._buckets = plan_buckets(
+            self.backend.named_weights(), bucket_bytes, dtype_from_name(dtype)
+        )
+        return list(self._buckets)
+
+    def _pack(self, index: int) -> torch.Tensor:
+        from genrm_serve import pack_bucket
+
+        flat = pack_bucket(
+            self._buckets[index], dict(self.backend.named_weights()), device=self.device
+        )
+        if flat.device.type == "cuda":
+            torch.cuda.synchronize()
+        return flat
+
+    def export_bucket_ipc(self, index: int) -> tuple[Any, Any]:
+        """Bucket ``index`` of the planned sync as a CUDA IPC handle for an engine on this GPU.
+
+        The previous bucket is freed first (its engines returned, so they copied it): the sync
+        holds one bucket of extra device memory at a time. Read from the host buffers when the
+        trainer is offloaded.
+        """
+        from genrm_serve import ipc_handle
+
+        self._ipc_bucket = None
+        self._ipc_bucket = self._pack(index)
+        return self._buckets[index], ipc_handle(self._ipc_bucket)
+
+    def release_ipc(self) -> None:
+        self._ipc_bucket = None
+        if torch.cuda.is_available():
+            torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]
+            torch.cuda.empty_cache()
+
+    def init_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
+        """Rank 0 of the weight-broadcast group with the rollout engines (fully-async)."""
+        from genrm_serve import WeightBroadcastGroup
+
+        self._weight_group = WeightBroadcastGroup(host, port, 0, world_size, backend=backend)
+
+    def broadcast_weights(self) -> float:
+        """Every bucket of the planned sync to the weight group; returns seconds."""
+        import time
+
+        t0 = time.perf_counter()
+        for i in range(len(self._buckets)):
+            flat = self._pack(i)
+            self._weight_group.broadcast(flat)
+            del flat
+        return time.perf_counter() - t0
+
+    # --- memory ----------------------------------------------------------------------------------
 
     def offload(self) -> None:
         self.backend.offload()
@@ -169,19 +268,44 @@ class TrainWorker:
     def onload(self) -> None:
         self.backend.onload()
 
+    def memory(self) -> dict[str, Any]:
+        """This rank's GPU as the driver sees it now (``mem_get_info``: every process on the
+        GPU counts), plus the seconds of its last offload / onload."""
+        out: dict[str, Any] = {"rank": self.rank, "role": self.role, "node_id": _ray_node_id()}
+        if self.device == "cuda" and torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            out |= {
+                "gpu_used_bytes": total - free,
+                "gpu_total_bytes": total,
+                "gpu_allocated_bytes": torch.cuda.memory_allocated(),
+                "gpu_ids": [str(g) for g in _ray_gpu_ids()],
+            }
+        if self.backend is not None and hasattr(self.backend, "last_move"):
+            out |= self.backend.last_move()
+        return out
+
     def step(self) -> int:
         return int(self.backend.step)
 
     def save(self, path: str, extra: dict[str, Any]) -> None:
-        if self.rank == 0:  # every rank holds the same weights and optimizer state
+        # torch: every rank holds the same weights and optimizer state, rank 0 writes; Megatron's
+        # save is collective over tensor parallelism and picks its writers itself
+        if self.rank == 0 or self.train_backend == "megatron":
             self.backend.save(Path(path), extra)
 
     def load(self, path: str) -> dict[str, Any]:
         extra: dict[str, Any] = self.backend.load(Path(path))
         return extra
 
+    def model_parallel_size(self) -> int:
+        """Ranks that hold one copy of the model between them (Megatron's TP; 1 otherwise)."""
+        return int(getattr(self.backend, "tp_size", 1))
+
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
         if dist.is_initialized():
             dist.destroy_process_group()

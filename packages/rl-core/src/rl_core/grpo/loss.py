@@ -17,6 +17,15 @@ import torch
 KLType = Literal["low_var_kl", "k1", "k2"]
 
 
+#: Log-ratios are clamped to ±this before ``exp`` (as verl does): one extreme token (a log-prob
+#: gap of 100 nats) would otherwise overflow to inf and turn the whole gradient into NaN.
+LOG_RATIO_CLAMP = 20.0
+
+
+def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(log_ratio, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+
+
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -30,7 +39,7 @@ def ppo_clip_loss(
     Returns the per-token loss and a float mask of the tokens where clipping was active.
     """
     high = eps_clip if eps_clip_high is None else eps_clip_high
-    ratio = torch.exp(logprobs - old_logprobs)
+    ratio = torch.exp(clamp_log_ratio(logprobs - old_logprobs))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + high)
     return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
@@ -48,7 +57,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLType)
     if kind == "k2":
         return 0.5 * log_ratio**2
     if kind == "low_var_kl":
-        neg = -log_ratio
+        neg = -clamp_log_ratio(log_ratio)
         return torch.clamp(torch.exp(neg) - neg - 1.0, min=-10.0, max=10.0)
     raise ValueError(f"--kl-loss-type must be one of low_var_kl, k1, k2; got {kind!r}")
 
@@ -66,7 +75,8 @@ def tis_weights(
     trainer's ``old_logprobs``; this reweights the policy gradient toward the trainer's view and
     truncates the weight so one rare token cannot dominate. No gradient flows through it.
     """
-    return torch.clamp(torch.exp(old_logprobs - rollout_logprobs), min=clip_low, max=clip).detach()
+    weights = torch.exp(clamp_log_ratio(old_logprobs - rollout_logprobs))
+    return torch.clamp(weights, min=clip_low, max=clip).detach()
 
 
 @dataclass(frozen=True)

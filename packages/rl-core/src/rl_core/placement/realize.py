@@ -42,6 +42,7 @@ from rl_core.placement.plan import EnginePlacement, GroupPlan, PlacementPlan
 __all__ = [
     "BundleSlot",
     "RealizedPlacement",
+    "create_engine_workers",
     "create_judge_engines",
     "create_placement_groups",
     "place_engines",
@@ -318,30 +319,43 @@ def place_engines(
     return handles
 
 
+def create_engine_workers(
+    realized: RealizedPlacement,
+    role: str,
+    spec: InstanceSpec,
+    *,
+    instance: str | None = None,
+    name_prefix: str | None = None,
+) -> list[Any]:
+    """genrm-serve ``EngineWorker`` actors (created, not started) for the plan's engines of
+    ``role`` / ``instance``, each in its first bundle with the plan's GPU share."""
+    from genrm_serve import create_engine_worker
+
+    def make(engine: EnginePlacement, opts: dict[str, Any]) -> Any:
+        return create_engine_worker(
+            spec,
+            engine.index,
+            placement_group=opts["placement_group"],
+            bundle_index=opts["bundle_index"],
+            num_gpus=opts["num_gpus"],
+            num_cpus=opts["num_cpus"],
+            name=None if name_prefix is None else f"{name_prefix}{engine.name}",
+            shared_gpu=shares_gpus(realized.plan),
+        )
+
+    return place_engines(realized, role, make, instance=instance)
+
+
 def create_judge_engines(
     realized: RealizedPlacement, instances: Mapping[str, InstanceSpec]
 ) -> dict[str, list[Any]]:
     """The judge engines (genrm-serve's ``EngineWorker`` actors) in the bundles of the plan."""
-    from genrm_serve import create_engine_worker
-
-    out: dict[str, list[Any]] = {}
-    for key, spec in instances.items():
+    for key in instances:
         if key not in realized.plan.judges:
             raise KeyError(
                 f"judge instance {key!r} is not in the plan ({list(realized.plan.judges)})"
             )
-
-        def make(engine: EnginePlacement, opts: dict[str, Any], spec: InstanceSpec = spec) -> Any:
-            return create_engine_worker(
-                spec,
-                engine.index,
-                placement_group=opts["placement_group"],
-                bundle_index=opts["bundle_index"],
-                num_gpus=opts["num_gpus"],
-                num_cpus=opts["num_cpus"],
-                name=None,
-                shared_gpu=shares_gpus(realized.plan),
-            )
-
-        out[key] = place_engines(realized, "genrm", make, instance=key)
-    return out
+    return {
+        key: create_engine_workers(realized, "genrm", spec, instance=key)
+        for key, spec in instances.items()
+    }

@@ -1,0 +1,427 @@
+"""Memory handoff and weight sync on one GPU: judge sleep / wake, trainer offload / onload, and a
+policy's weights handed to a colocated engine process through CUDA IPC.
+
+Three measurements, random weights of real shapes, bf16 engines (needs a CUDA GPU):
+
+1. **judge sleep / wake** (Qwen3-4B shape: 36 × 2560, MLP 9728, 32 / 8 heads, head dim 128,
+   vocab 151,936) in genrm-serve's hf engine at ``mem_fraction_static`` 0.3: greedy outputs
+   before and after, GPU memory awake / asleep / woken (``mem_get_info``), seconds of each sleep
+   and wake (the first sleep allocates and pins the host buffers; later ones reuse them). Also:
+   an engine whose weights exceed its fraction fails at start, naming fraction and sizes.
+2. **trainer offload / onload** (Qwen3-0.6B shape, fp32 weights + AdamW state after one
+   step): seconds, and whether the host buffers are the same memory on the second offload.
+3. **weight sync through CUDA IPC** (Qwen3-0.6B shape): the trainer's rank (this process) packs
+   bf16 buckets, an engine in another process on the same GPU (``torch.multiprocessing``, spawn)
+   copies them; seconds per sync, the engine's weights against the trainer's cast to bf16, and
+   the engine's next greedy output against the trainer model's.
+
+Run: ``python benchmarks/gpu_handoff.py`` (``--quick`` for small shapes, e.g. to check the
+script on a small GPU). Prints a markdown report; ``--json PATH`` writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import queue
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+JUDGE_4B = {"layers": 36, "hidden": 2560, "mlp": 9728, "heads": 32, "kv_heads": 8}
+POLICY_06B = {"layers": 28, "hidden": 1024, "mlp": 3072, "heads": 16, "kv_heads": 8}
+QUICK = {"layers": 2, "hidden": 256, "mlp": 512, "heads": 4, "kv_heads": 2}
+VOCAB = 151_936
+GB = 1e9
+
+
+def gpu_used_gb() -> float:
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / GB
+
+
+def build_model(path: Path, shape: dict[str, int], *, vocab: int, seed: int) -> Path:
+    """A random-weight Qwen3 model of ``shape`` in bf16 with genrm-serve's tiny tokenizer."""
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    from genrm_serve.testing import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer(512)
+    eos = tok.convert_tokens_to_ids("<eos>")
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["mlp"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        head_dim=128,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=eos,
+    )
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    del model
+    torch.cuda.empty_cache()
+    return path
+
+
+def prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(10, 500, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def requests(ids: list[list[int]], new_tokens: int) -> list[Any]:
+    from genrm_client.types import SamplingParams
+    from genrm_serve.config import DEFAULT_SAMPLING
+    from genrm_serve.engines.base import EngineRequest
+
+    sampling = SamplingParams(temperature=0.0, max_response_len=new_tokens).merged_over(
+        DEFAULT_SAMPLING
+    )
+    return [EngineRequest(sampling=sampling, prompt_token_ids=p, return_tokens=True) for p in ids]
+
+
+def engine_spec(path: Path, fraction: float | None) -> Any:
+    from genrm_serve.config import EngineConfig, InstanceSpec
+
+    return InstanceSpec(
+        route_key="bench",
+        model_path=str(path),
+        num_gpus=1,
+        engine="hf",
+        engine_config=EngineConfig(
+            max_batch_size=64, max_context_len=4096, mem_fraction_static=fraction
+        ),
+    )
+
+
+def weight_fingerprint(model: Any, *, params_only: bool = False) -> list[int]:
+    """Exact per-tensor integer sums of the raw bits: equal iff (almost surely) bit-identical."""
+    out = []
+    if isinstance(model, list):
+        tensors = model
+    else:
+        tensors = list(model.parameters()) + ([] if params_only else list(model.buffers()))
+    for t in tensors:
+        bits = t.detach().contiguous().view(-1)
+        bits = bits.view(torch.int16) if t.element_size() == 2 else bits.view(torch.int32)
+        out.append(int(bits.to(torch.int64).sum()))
+    return out
+
+
+# --- 1. judge sleep / wake ----------------------------------------------------------------------
+
+
+async def judge_sleep_wake(path: Path, rounds: int, small: Path) -> dict[str, Any]:
+    from genrm_serve.engines.base import EngineError
+    from genrm_serve.engines.hf import HFEngine
+
+    out: dict[str, Any] = {}
+    try:  # weights larger than the share: refused at start, before the device is touched
+        await HFEngine(engine_spec(small, 0.005), "bench/small-share").start()
+        out["small_share_error"] = None
+    except EngineError as err:
+        out["small_share_error"] = str(err)
+    torch.cuda.empty_cache()
+
+    base = gpu_used_gb()
+    engine = HFEngine(engine_spec(path, 0.3), "bench/0")
+    t0 = time.perf_counter()
+    await engine.start()
+    out["load_s"] = time.perf_counter() - t0
+    out["budget"] = dict(engine.memory_budget)
+    reqs = requests(prompts(8, 256, seed=1), 16)
+    before = [o.token_ids for o in await engine.generate(reqs)]
+    # the engine's own repeatability, without any sleep (a baseline for the comparison below)
+    out["greedy_repeatable_awake"] = [o.token_ids for o in await engine.generate(reqs)] == before
+    fingerprint = weight_fingerprint(engine.model)
+    out["gpu_awake_gb"] = gpu_used_gb()
+    out["gpu_before_engine_gb"] = base
+    sleeps, wakes, asleep, woken, same, exact = [], [], [], [], [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        await engine.sleep()
+        sleeps.append(time.perf_counter() - t0)
+        asleep.append(gpu_used_gb())
+        t0 = time.perf_counter()
+        await engine.wake()
+        wakes.append(time.perf_counter() - t0)
+        woken.append(gpu_used_gb())
+        exact.append(weight_fingerprint(engine.model) == fingerprint)
+        after = [o.token_ids for o in await engine.generate(reqs)]
+        same.append(after == before)
+    assert engine._host is not None
+    out |= {
+        "sleep_s": sleeps,
+        "wake_s": wakes,
+        "gpu_asleep_gb": asleep,
+        "gpu_woken_gb": woken,
+        "greedy_identical": same,
+        "weights_bit_identical": exact,
+        "host_buffer_gb": engine._host.host_bytes / GB,
+    }
+    await engine.shutdown()
+    del engine
+    torch.cuda.empty_cache()
+    return out
+
+
+# --- 2. trainer offload / onload ----------------------------------------------------------------
+
+
+def trainer_backend(path: Path) -> Any:
+    from rl_core.backends.base import BackendConfig, TrainItem
+    from rl_core.backends.torch_hf import TorchHFBackend
+
+    backend = TorchHFBackend(path, BackendConfig(lr=1e-3, bf16=True), device="cuda")
+    g = torch.Generator().manual_seed(3)
+    items = [
+        TrainItem(
+            tokens=torch.randint(10, 500, (192,), generator=g).tolist(),
+            response_start=128,
+            advantage=1.0 if i % 2 else -1.0,
+            in_loss=True,
+        )
+        for i in range(8)
+    ]
+    backend.train_step(items, old_logprobs=None)  # Adam state exists from here on
+    return backend
+
+
+def offload_onload(backend: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"gpu_trainer_gb": gpu_used_gb()}
+    times: list[dict[str, float]] = []
+    ptrs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        backend.offload()
+        off = time.perf_counter() - t0
+        ptrs.append(backend._host.buffer(next(iter(backend.offload_tensors()))).data_ptr())
+        out["gpu_offloaded_gb"] = gpu_used_gb()
+        t0 = time.perf_counter()
+        backend.onload()
+        times.append({"offload_s": off, "onload_s": time.perf_counter() - t0})
+    out["moves"] = times
+    out["host_buffers_reused"] = len(set(ptrs)) == 1
+    out["host_buffer_gb"] = backend._host.host_bytes / GB
+    return out
+
+
+# --- 3. weight sync through CUDA IPC ------------------------------------------------------------
+
+
+def _engine_process(path: str, inbox: Any, outbox: Any) -> None:
+    """The colocated engine: loads the policy, then applies what the trainer sends."""
+    from genrm_serve.engines.hf import HFEngine
+
+    async def serve() -> None:
+        engine = HFEngine(engine_spec(Path(path), None), "rollout/0")
+        await engine.start()
+        outbox.put(("ready", None))
+        while True:
+            msg, payload = inbox.get()
+            if msg == "bucket":
+                bucket, version, done = payload
+                await engine.update_weights_from_ipc([bucket], version, done)
+                outbox.put(("ok", engine.weight_version))
+            elif msg == "generate":
+                outs = await engine.generate(requests(payload, 16))
+                outbox.put(("tokens", [o.token_ids for o in outs]))
+            elif msg == "fingerprint":
+                outbox.put(("fingerprint", weight_fingerprint(engine.model, params_only=True)))
+            else:
+                await engine.shutdown()
+                outbox.put(("bye", None))
+                return
+
+    asyncio.run(serve())
+
+
+def greedy_reference(backend: Any, ids: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """The trainer model's greedy continuation, in bf16 like the engine (one prompt at a time)."""
+    model = backend.model
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.to(torch.bfloat16).eval()
+    model.config.use_cache = True
+    outs = []
+    with torch.no_grad():
+        for p in ids:
+            x = torch.tensor([p], device="cuda")
+            g = model.generate(x, max_new_tokens=new_tokens, do_sample=False)
+            outs.append(g[0, len(p) :].tolist())
+    model.to(torch.float32)
+    model.load_state_dict(saved)
+    model.config.use_cache = False
+    return outs
+
+
+def ipc_sync(path: Path, backend: Any, syncs: int, bucket_mb: int) -> dict[str, Any]:
+    from rl_core.distributed.worker import TrainWorker
+
+    worker = TrainWorker("actor", 0, 1, str(path), backend.cfg, device="cuda")
+    worker.backend = backend  # the rank's weight methods on this process's backend (no Ray)
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_engine_process, args=(str(path), inbox, outbox))
+    proc.start()
+
+    def reply() -> Any:
+        """The engine's next answer; fails at once (not at a timeout) if the process died."""
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                return outbox.get(timeout=1.0)
+            except queue.Empty:
+                if not proc.is_alive():
+                    raise RuntimeError(f"engine process exited ({proc.exitcode})") from None
+        raise TimeoutError("engine process did not answer in 600 s")
+
+    assert reply()[0] == "ready"
+    ids = prompts(4, 64, seed=5)
+    inbox.put(("generate", ids))
+    engine_before = reply()[1]
+    times = []
+    buckets = 0
+    for version in range(1, syncs + 1):
+        with torch.no_grad():  # a training step's worth of change
+            for p in backend.model.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        metas = worker.weight_buckets(bucket_mb << 20, "bfloat16")
+        buckets = len(metas)
+        for i in range(len(metas)):
+            bucket = worker.export_bucket_ipc(i)
+            inbox.put(("bucket", (bucket, version, i == len(metas) - 1)))
+            msg, served = reply()
+            assert msg == "ok", msg
+        worker.release_ipc()
+        times.append(time.perf_counter() - t0)
+        assert served == version, (served, version)
+    inbox.put(("fingerprint", None))
+    engine_bits = reply()[1]
+    trainer_bits = weight_fingerprint(
+        [p.detach().to(torch.bfloat16) for _, p in backend.named_weights()]
+    )
+    inbox.put(("generate", ids))
+    engine_after = reply()[1]
+    reference = greedy_reference(backend, ids, 16)
+    inbox.put(("stop", None))
+    reply()
+    proc.join(60)
+    return {
+        "sync_s": times,
+        "buckets": buckets,
+        "bucket_mb": bucket_mb,
+        "weights_gb_bf16": sum(p.numel() for _, p in backend.named_weights()) * 2 / GB,
+        "weights_equal_trainer_bf16": engine_bits == trainer_bits,
+        "greedy_equals_trainer": engine_after == reference,
+        "greedy_changed_by_sync": engine_after != engine_before,
+        "weight_version": served,
+    }
+
+
+def report(res: dict[str, Any]) -> str:
+    j, o, s = res["judge"], res["offload"], res["ipc"]
+    f = ", ".join
+    offs = f(f"{m['offload_s']:.2f}" for m in o["moves"])
+    ons = f(f"{m['onload_s']:.2f}" for m in o["moves"])
+    lines = [
+        f"### {res['date']} — memory handoff and weight sync on one {res['gpu']}",
+        "",
+        f"torch {res['torch']}, transformers {res['transformers']}; command: `{res['command']}`",
+        "",
+        f"**Judge sleep / wake** (random Qwen3-4B shape, bf16, hf engine, "
+        f"mem_fraction_static 0.3 → batch budget {j['budget'].get('tokens')} tokens):",
+        "",
+        "| round | sleep s | wake s | sleep + wake s | GPU asleep GB | GPU woken GB "
+        "| weights bit-identical | greedy identical |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for i, (a, b) in enumerate(zip(j["sleep_s"], j["wake_s"], strict=True)):
+        lines.append(
+            f"| {i + 1} | {a:.2f} | {b:.2f} | {a + b:.2f} | {j['gpu_asleep_gb'][i]:.2f} "
+            f"| {j['gpu_woken_gb'][i]:.2f} | {j['weights_bit_identical'][i]} "
+            f"| {j['greedy_identical'][i]} |"
+        )
+    lines += [
+        "",
+        f"GPU used before the engine {j['gpu_before_engine_gb']:.2f} GB, awake after load and "
+        f"one batch {j['gpu_awake_gb']:.2f} GB; pinned host buffers {j['host_buffer_gb']:.2f} GB "
+        f"(allocated at the first sleep). Greedy repeatable awake, without a sleep: "
+        f"{j['greedy_repeatable_awake']}. Load {j['load_s']:.1f} s. The 0.6B policy at share "
+        "0.005: "
+        f"`{j['small_share_error']}`",
+        "",
+        f"**Trainer offload / onload** (random Qwen3-0.6B shape, fp32 weights + AdamW state, "
+        f"{o['host_buffer_gb']:.2f} GB of pinned host buffers): GPU {o['gpu_trainer_gb']:.2f} GB "
+        f"loaded, {o['gpu_offloaded_gb']:.2f} GB offloaded; offload s {offs}, onload s {ons}; "
+        f"same host buffers every offload: {o['host_buffers_reused']}.",
+        "",
+        f"**Weight sync, CUDA IPC to a colocated engine process** (Qwen3-0.6B shape, "
+        f"{s['weights_gb_bf16']:.2f} GB in bf16, {s['buckets']} buckets of ≤ {s['bucket_mb']} MB): "
+        f"sync s {f(f'{t:.3f}' for t in s['sync_s'])}; engine weights bit-identical to the "
+        f"trainer's cast to bf16: {s['weights_equal_trainer_bf16']}; engine's next greedy output "
+        f"equals the trainer model's: {s['greedy_equals_trainer']} (changed by the sync: "
+        f"{s['greedy_changed_by_sync']}); weight version {s['weight_version']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small shapes (a check of the script)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--syncs", type=int, default=3)
+    ap.add_argument("--bucket-mb", type=int, default=512)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--workdir", type=Path, default=None)
+    args = ap.parse_args()
+    import sys
+
+    import transformers
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-handoff-"))
+    judge_shape = QUICK if args.quick else JUDGE_4B
+    policy_shape = QUICK if args.quick else POLICY_06B
+    res: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "command": "python benchmarks/gpu_handoff.py " + " ".join(sys.argv[1:]),
+    }
+    t0 = time.perf_counter()
+    judge = build_model(work / "judge", judge_shape, vocab=VOCAB, seed=0)
+    policy = build_model(work / "policy", policy_shape, vocab=VOCAB, seed=1)
+    print(f"models built in {time.perf_counter() - t0:.1f}s", flush=True)
+    res["judge"] = asyncio.run(judge_sleep_wake(judge, args.rounds, policy))
+    print(json.dumps(res["judge"]), flush=True)
+    print("judge done; trainer offload / onload next", flush=True)
+    backend = trainer_backend(policy)
+    res["offload"] = offload_onload(backend)
+    print(json.dumps(res["offload"]), flush=True)
+    print("offload done; weight sync through CUDA IPC next", flush=True)
+    res["ipc"] = ipc_sync(policy, backend, args.syncs, args.bucket_mb)
+    print(json.dumps(res["ipc"]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
+    print(report(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Will it ever fit? What a deployment needs, against what the Ray cluster has *in total*.
+
+A placement group that asks for more than the cluster has waits forever (Ray reports it as
+pending, and ``genrm-serve run`` waited its full ready timeout). That is decided before
+anything is deployed, from totals (``ray.cluster_resources()``), not from what is free now: busy
+resources free up, missing ones never appear. The comparison is pure so that rl-core can check
+its own roles with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from genrm_serve.config import GenRMConfigError, InstanceSpec
+from genrm_serve.engine_refs import instance_bundles
+
+__all__ = ["CapacityError", "check_fits", "standalone_needs", "sum_resources"]
+
+#: Rounding slack: Ray keeps fractional resources in units of 1e-4.
+_EPS = 1e-6
+
+
+class CapacityError(GenRMConfigError):
+    """What is asked for can never be placed on this cluster; the message has the numbers."""
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def sum_resources(bundles: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Resource-wise sum of bundles (``{"CPU": 1, "GPU": 1}`` ...)."""
+    total: dict[str, float] = {}
+    for bundle in bundles:
+        for name, amount in bundle.items():
+            total[name] = total.get(name, 0.0) + float(amount)
+    return total
+
+
+def check_fits(
+    needed: Mapping[str, float], total: Mapping[str, float], what: str, *, hint: str = ""
+) -> None:
+    """Raise ``CapacityError`` naming every resource of ``needed`` that ``total`` cannot hold.
+
+    Args:
+        needed: resource → amount asked for (e.g. every bundle of a deployment, summed).
+        total: resource → amount the cluster has in total (``ray.cluster_resources()``), or one
+            node's resources when ``needed`` is a single bundle (a bundle never spans nodes).
+        what: what asks, for the message ("the GenRM instances", "one engine of 'q'").
+        hint: what the user can change, appended to the message.
+    """
+    short = [
+        f"{name}: needs {_num(amount)}, the cluster has {_num(float(total.get(name, 0.0)))}"
+        for name, amount in sorted(needed.items())
+        if amount > float(total.get(name, 0.0)) + _EPS
+    ]
+    if short:
+        message = f"{what} can never be placed: " + "; ".join(short)
+        raise CapacityError(message + (f". {hint}" if hint else ""))
+
+
+def standalone_needs(
+    instances: Mapping[str, InstanceSpec],
+    *,
+    with_gpus: bool,
+    engine_num_cpus: float,
+    ingress_num_cpus: float,
+) -> tuple[dict[str, list[dict[str, float]]], dict[str, float]]:
+    """What ``genrm-serve run`` asks Ray for: each instance's bundles, and the sum of everything.
+
+    The sum includes the ingress replica's CPUs (Serve's controller and proxy ask for none).
+    """
+    per_instance = {
+        key: instance_bundles(spec, with_gpus=with_gpus, engine_num_cpus=engine_num_cpus)
+        for key, spec in instances.items()
+    }
+    total = sum_resources(b for bundles in per_instance.values() for b in bundles)
+    total["CPU"] = total.get("CPU", 0.0) + ingress_num_cpus
+    return per_instance, total

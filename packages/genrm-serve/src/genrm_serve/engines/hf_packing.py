@@ -1,0 +1,507 @@
+"""Packed prefill over a radix tree of prompts, and the static-cache attention of decoding.
+
+A judge batch is GRPO groups: the n samples of a group share template + question + reference and
+differ only in the answer, and groups differ from each other early (often from the first token).
+A prefix common to the *whole* batch therefore finds nothing to share. Here the prompts of a batch
+go into a radix tree over token ids; every tree node (a run of tokens some set of rows shares) is
+computed once, all nodes laid end to end in one packed sequence of batch size 1 — no padding in
+any linear layer. Attention is the only place where the tree matters: a node's tokens attend to
+the tokens of its ancestors (full) and to their own (causal). Nodes of one tree depth go through
+one batched SDPA call each (so a two-level batch — group prefixes, then answers — costs two calls
+per layer), with a boolean mask only where a node has ancestors.
+
+The engine installs :func:`packed_attention` as the model's attention implementation (a name
+registered with transformers' ``AttentionInterface``); outside an active plan it is plain SDPA, so
+the model stays usable as an ordinary transformers model (tests run it as the reference).
+
+Decoding continues from a *static* cache: each row's prompt K/V is gathered once out of the
+packed prefill into ``[rows, kv_heads, prompt + new tokens, head_dim]`` per layer, and every step
+writes one position per row and attends under a length mask — fixed shapes, no concatenation.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "MIN_SHARED_TOKENS",
+    "DecodeState",
+    "PackedPlan",
+    "PrefixNode",
+    "activate",
+    "build_forest",
+    "build_plan",
+    "common_prefix_len",
+    "register_attention",
+]
+
+#: The attention implementation name the engine loads models with.
+ATTN_IMPLEMENTATION = "genrm_packed"
+#: A run shared by several rows but shorter than this is recomputed per branch instead of
+#: becoming a tree node of its own: every tree depth is one more attention call per layer.
+MIN_SHARED_TOKENS = 16
+
+_ACTIVE = threading.local()
+
+
+@dataclass
+class PrefixNode:
+    """A run of prompt tokens that the rows below it share; ``start`` is its first position."""
+
+    start: int
+    tokens: list[int]
+    depth: int
+    parent: PrefixNode | None
+    #: rows whose prompt ends at this node's last token
+    ending: list[int] = field(default_factory=list)
+    children: list[PrefixNode] = field(default_factory=list)
+    #: index of the first token in the packed sequence
+    offset: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _common_len(prompts: list[list[int]], rows: list[int], start: int) -> int:
+    """Length of the run, from ``start``, common to every row of ``rows``."""
+    tails = [prompts[r][start:] for r in rows]
+    # the lexicographic extremes share exactly the prefix that all of them share
+    return common_prefix_len(min(tails), max(tails))
+
+
+def build_forest(prompts: list[list[int]], min_shared: int = MIN_SHARED_TOKENS) -> list[PrefixNode]:
+    """The radix tree of ``prompts`` (a forest: rows need not share a first token).
+
+    A shared run shorter than ``min_shared`` is not made a node of its own but repeated in each
+    branch below it (see :data:`MIN_SHARED_TOKENS`).
+    """
+
+    def grow(
+        rows: list[int], start: int, depth: int, parent: PrefixNode | None
+    ) -> list[PrefixNode]:
+        run = _common_len(prompts, rows, start)
+        end = start + run
+        ending = [r for r in rows if len(prompts[r]) == end]
+        if len(rows) > 1 and run < min_shared and not ending:
+            # Too short to share: split by the first differing token, each branch from ``start``.
+            nodes: list[PrefixNode] = []
+            for group in _by_token(prompts, rows, end).values():
+                nodes.extend(grow(group, start, depth, parent))
+            return nodes
+        node = PrefixNode(start, prompts[rows[0]][start:end], depth, parent, ending)
+        rest = [r for r in rows if len(prompts[r]) > end]
+        for group in _by_token(prompts, rest, end).values():
+            node.children.extend(grow(group, end, depth + 1, node))
+        return [node]
+
+    return grow(list(range(len(prompts))), 0, 1, None)
+
+
+def _by_token(prompts: list[list[int]], rows: list[int], at: int) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for r in rows:
+        groups.setdefault(prompts[r][at], []).append(r)
+    return groups
+
+
+@dataclass
+class _Level:
+    """The nodes of one tree depth: one batched attention call per layer."""
+
+    #: [nodes, q_max] packed indices of each node's tokens (padding repeats index 0)
+    q_index: torch.Tensor
+    #: [nodes, kv_max] packed indices of each node's ancestors' tokens then its own
+    kv_index: torch.Tensor
+    #: [nodes] position of each node's first token; [nodes] number of its tokens
+    q_start: torch.Tensor
+    q_len: torch.Tensor
+    #: flat positions in ``[nodes * q_max]`` that hold real tokens, and their packed indices
+    src: torch.Tensor
+    dest: torch.Tensor
+    has_ancestors: bool
+    #: the nodes are equally long and lie end to end from packed index 0: views, no gathers
+    contiguous: bool = False
+    _masks: dict[tuple[int | None, int, torch.dtype], torch.Tensor | None] = field(
+        default_factory=dict
+    )
+
+    def mask(self, window: int | None, groups: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive ``[nodes, 1, groups * q_max, kv_max]`` mask (a KV head's query heads folded
+        into rows), or ``None`` where plain causal self-attention is exact."""
+        key = (window, groups, dtype)
+        if key in self._masks:
+            return self._masks[key]
+        q_max = self.q_index.shape[1]
+        kv_max = self.kv_index.shape[1]
+        if not self.has_ancestors and (window is None or q_max <= window):
+            self._masks[key] = None  # plain causal self-attention
+            return None
+        device = self.q_index.device
+        q_pos = self.q_start[:, None] + torch.arange(q_max, device=device)[None, :]
+        kv_pos = torch.arange(kv_max, device=device)
+        allowed = kv_pos[None, None, :] <= q_pos[:, :, None]
+        if window is not None:
+            allowed &= q_pos[:, :, None] - kv_pos[None, None, :] < window
+        pad_rows = torch.arange(q_max, device=device)[None, :] >= self.q_len[:, None]
+        allowed[..., 0] |= pad_rows  # padded queries see one key: no all-masked row (NaN)
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        bias.masked_fill_(~allowed, -float("inf"))
+        mask = bias[:, None].repeat(1, 1, groups, 1) if groups > 1 else bias[:, None]
+        self._masks[key] = mask
+        return mask
+
+
+@dataclass
+class PackedPlan:
+    """One packed prefill: the sequence, its positions, the attention levels, each row's path."""
+
+    input_ids: torch.Tensor  # [1, T]
+    position_ids: torch.Tensor  # [1, T]
+    levels: list[_Level]
+    #: per row: packed index of its last prompt token (where its first reply token comes from)
+    last_index: list[int]
+    #: per row: the node its prompt ends at
+    row_node: list[PrefixNode]
+    #: prompt tokens not computed thanks to sharing (sum of prompt lengths - T)
+    shared_tokens: int
+    #: when set, layer index → (keys, values) of the packed sequence, ``[T, kv_heads, dim]``
+    captured: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def row_paths(self, rows: list[int], device: torch.device) -> tuple[torch.Tensor, list[int]]:
+        """``[len(rows), max_len]`` packed indices of each row's whole prompt, and the lengths."""
+        paths = [_path(self.row_node[r]) for r in rows]
+        width = max(len(p) for p in paths)
+        out = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, p in enumerate(paths):
+            out[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        return out.to(device), [len(p) for p in paths]
+
+
+def _path(node: PrefixNode) -> list[int]:
+    spans: list[range] = []
+    cur: PrefixNode | None = node
+    while cur is not None:
+        spans.append(range(cur.offset, cur.offset + len(cur.tokens)))
+        cur = cur.parent
+    return [i for span in reversed(spans) for i in span]
+
+
+def build_plan(
+    prompts: list[list[int]], device: torch.device, min_shared: int = MIN_SHARED_TOKENS
+) -> PackedPlan:
+    """Lay the radix tree of ``prompts`` out as one packed sequence (depth-first)."""
+    forest = build_forest(prompts, min_shared)
+    ids: list[int] = []
+    positions: list[int] = []
+    by_depth: dict[int, list[PrefixNode]] = {}
+    row_node: list[PrefixNode | None] = [None] * len(prompts)
+    stack = list(reversed(forest))
+    while stack:
+        node = stack.pop()
+        node.offset = len(ids)
+        ids.extend(node.tokens)
+        positions.extend(range(node.start, node.end))
+        by_depth.setdefault(node.depth, []).append(node)
+        for r in node.ending:
+            row_node[r] = node
+        stack.extend(reversed(node.children))
+    assert all(n is not None for n in row_node)
+    nodes_of_row: list[PrefixNode] = [n for n in row_node if n is not None]
+    levels = [_level(by_depth[d], device) for d in sorted(by_depth)]
+    return PackedPlan(
+        input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+        position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+        levels=levels,
+        last_index=[n.offset + len(n.tokens) - 1 for n in nodes_of_row],
+        row_node=nodes_of_row,
+        shared_tokens=sum(len(p) for p in prompts) - len(ids),
+    )
+
+
+def _level(nodes: list[PrefixNode], device: torch.device) -> _Level:
+    q_max = max(len(n.tokens) for n in nodes)
+    kv_max = max(n.end for n in nodes)
+    if any(n.parent is not None for n in nodes):
+        kv_max = -(-kv_max // 16) * 16  # the fused kernels want a 16-aligned mask row
+    q_index = torch.zeros((len(nodes), q_max), dtype=torch.long)
+    kv_index = torch.zeros((len(nodes), kv_max), dtype=torch.long)
+    src: list[int] = []
+    dest: list[int] = []
+    for i, n in enumerate(nodes):
+        own = torch.arange(n.offset, n.offset + len(n.tokens))
+        q_index[i, : len(n.tokens)] = own
+        path = _path(n)
+        kv_index[i, : len(path)] = torch.tensor(path, dtype=torch.long)
+        src.extend(range(i * q_max, i * q_max + len(n.tokens)))
+        dest.extend(range(n.offset, n.offset + len(n.tokens)))
+    return _Level(
+        q_index=q_index.to(device),
+        kv_index=kv_index.to(device),
+        q_start=torch.tensor([n.start for n in nodes], dtype=torch.long, device=device),
+        q_len=torch.tensor([len(n.tokens) for n in nodes], dtype=torch.long, device=device),
+        src=torch.tensor(src, dtype=torch.long, device=device),
+        dest=torch.tensor(dest, dtype=torch.long, device=device),
+        has_ancestors=any(n.parent is not None for n in nodes),
+        contiguous=all(
+            n.parent is None and len(n.tokens) == q_max and n.offset == i * q_max
+            for i, n in enumerate(nodes)
+        ),
+    )
+
+
+@dataclass
+class DecodeState:
+    """Static KV cache of the rows still decoding, and where each writes next."""
+
+    keys: list[torch.Tensor]  # per layer [rows, kv_heads, capacity, dim]
+    values: list[torch.Tensor]
+    #: [rows] the cache index (= position) the next token is written at
+    write_at: torch.Tensor
+    _masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def from_plan(
+        cls, plan: PackedPlan, rows: list[int], extra: int, device: torch.device
+    ) -> DecodeState:
+        """Gather each row's prompt K/V out of the packed prefill; room for ``extra`` tokens."""
+        assert plan.captured is not None
+        paths, lengths = plan.row_paths(rows, device)
+        n, width = paths.shape
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for layer in sorted(plan.captured):
+            k, v = plan.captured[layer]  # [T, kv_heads, dim]
+            heads, dim = k.shape[1], k.shape[2]
+            for src, out in ((k, keys), (v, values)):
+                cache = src.new_zeros((n, heads, width + extra, dim))
+                gathered = src.index_select(0, paths.view(-1)).view(n, width, heads, dim)
+                cache[:, :, :width] = gathered.transpose(1, 2)
+                out.append(cache)
+        write_at = torch.tensor(lengths, dtype=torch.long, device=device)
+        return cls(keys, values, write_at)
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the rows ``keep`` (finished rows leave the batch)."""
+        self.keys = [k.index_select(0, keep) for k in self.keys]
+        self.values = [v.index_select(0, keep) for v in self.values]
+        self.write_at = self.write_at.index_select(0, keep)
+        self._masks.clear()
+
+    def advance(self) -> None:
+        self.write_at = self.write_at + 1
+        self._masks.clear()
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """``[rows, 1, 1, capacity]``: the cache up to and including this step's position."""
+        if window in self._masks:
+            return self._masks[window]
+        capacity = self.keys[0].shape[2]
+        pos = torch.arange(capacity, device=self.write_at.device)[None, :]
+        allowed = pos <= self.write_at[:, None]
+        if window is not None:
+            allowed &= self.write_at[:, None] - pos < window
+        self._masks[window] = allowed[:, None, None, :]
+        return self._masks[window]
+
+
+class activate:
+    """Route the model's attention through a packed plan or a decode state on this thread."""
+
+    def __init__(self, state: PackedPlan | DecodeState) -> None:
+        self.state = state
+
+    def __enter__(self) -> None:
+        _ACTIVE.state = self.state
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.state = None
+
+
+@torch.compiler.disable  # type: ignore[untyped-decorator]
+def packed_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention-interface function; plain SDPA when no plan is active."""
+    state = getattr(_ACTIVE, "state", None)
+    if state is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            sliding_window=sliding_window,
+            softcap=softcap,
+            **kwargs,
+        )
+    if softcap is not None:
+        raise NotImplementedError("attention logit soft-capping is not supported by packed prefill")
+    window = (
+        sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
+    )
+    if isinstance(state, DecodeState):
+        return _decode(state, module.layer_idx, query, key, value, scaling, window), None
+    return _prefill(state, module.layer_idx, query, key, value, scaling, window), None
+
+
+def _prefill(
+    plan: PackedPlan,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    # [1, heads, T, dim] → [T, heads, dim]
+    q = query[0].transpose(0, 1)
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    if plan.captured is not None:
+        plan.captured[layer] = (k, v)
+    total, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    if len(plan.levels) == 1 and plan.levels[0].contiguous:
+        level = plan.levels[0]  # no shared prefix, equal lengths: a plain causal batch
+        n, q_max = level.q_index.shape
+        o = _attend(
+            level,
+            q.reshape(n, q_max, heads, dim),
+            k.reshape(n, q_max, kv_heads, dim),
+            v.reshape(n, q_max, kv_heads, dim),
+            scaling,
+            window,
+        )
+        return o.reshape(1, total, heads, dim)
+    out = q.new_empty((total, heads, dim))
+    for level in plan.levels:
+        n, q_max = level.q_index.shape
+        kv_max = level.kv_index.shape[1]
+        ql = q.index_select(0, level.q_index.view(-1)).view(n, q_max, heads, dim)
+        kl = k.index_select(0, level.kv_index.view(-1)).view(n, kv_max, kv_heads, dim)
+        vl = v.index_select(0, level.kv_index.view(-1)).view(n, kv_max, kv_heads, dim)
+        o = _attend(level, ql, kl, vl, scaling, window).reshape(n * q_max, heads, dim)
+        out.index_copy_(0, level.dest, o.index_select(0, level.src))
+    return out.unsqueeze(0)
+
+
+def _attend(
+    level: _Level,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    """One level's attention: ``[nodes, tokens, heads, dim]`` in, the same layout out."""
+    n, q_max, heads, dim = q.shape
+    kv_heads, kv_max = k.shape[2], k.shape[1]
+    groups = heads // kv_heads
+    ql, kl, vl = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    mask = level.mask(window, groups, q.dtype)
+    with _kernels():
+        if mask is None:
+            if groups > 1:
+                shape = (n, kv_heads, groups, kv_max, dim)
+                kl = kl[:, :, None].expand(shape).reshape(n, heads, kv_max, dim)
+                vl = vl[:, :, None].expand(shape).reshape(n, heads, kv_max, dim)
+            o = F.scaled_dot_product_attention(ql, kl, vl, is_causal=True, scale=scaling)
+        else:
+            # The query heads that share a KV head become extra query rows: no K/V copies.
+            qg = ql.reshape(n, kv_heads, groups * q_max, dim)
+            o = F.scaled_dot_product_attention(qg, kl, vl, attn_mask=mask, scale=scaling)
+            o = o.reshape(n, heads, q_max, dim)
+    return o.transpose(1, 2)
+
+
+def _kernels() -> Any:
+    """SDPA without the cuDNN backend, whose per-call host cost (~2 ms on an H200 with torch
+    2.11) exceeded the kernel time of a whole judge batch's attention."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    )
+
+
+def _decode(
+    state: DecodeState,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    # query [rows, heads, 1, dim]; key/value [rows, kv_heads, 1, dim]
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    keys, values = state.keys[layer], state.values[layer]
+    index = torch.arange(rows, device=query.device)
+    keys[index, :, state.write_at] = key[:, :, 0]
+    values[index, :, state.write_at] = value[:, :, 0]
+    # One query per row: the query heads of a KV head are that head's rows; a matmul, a masked
+    # softmax in float32 and a matmul read the cache once and cost a handful of launches.
+    q = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+    scale = scaling if scaling is not None else dim**-0.5
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
+    scores = scores.masked_fill(~state.mask(window), -float("inf"))
+    o = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+    return o.reshape(rows, 1, heads, dim)
+
+
+def _mask_function(*args: Any, **kwargs: Any) -> Any:
+    """No mask while a plan is active (the plan is the mask); SDPA's otherwise."""
+    if getattr(_ACTIVE, "state", None) is not None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
+
+
+_registered = False
+
+
+def register_attention() -> str:
+    """Register :func:`packed_attention` with transformers (idempotent); returns its name."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention)
+        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _mask_function)
+        _registered = True
+    return ATTN_IMPLEMENTATION

@@ -1,0 +1,65 @@
+"""Every deadline and bound of genrm-serve, written once: the other modules import them from here.
+
+Before, the worker's start deadline (900 s) and the supervisor's (1800 s) disagreed and the
+shorter one won silently; the same numbers were written in five places. A deadline that two
+layers enforce now takes the same constant in both, so they cannot drift apart. ``ServeArgs``
+exposes the per-deployment ones as fields defaulting to these values (tests shrink them).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- engines: start, requests, health ---------------------------------------------------------
+
+#: Loading one engine's model: the supervisor's wait and the worker's own start deadline, and
+#: the default of ``genrm-serve run --ready-timeout`` (the embedded Gemma converts once, ~70 s).
+ENGINE_START_TIMEOUT_S: Final = 1800.0
+#: One judge request, queueing in the router and in the engine actor included.
+REQUEST_TIMEOUT_S: Final = 600.0
+#: One health probe of an engine.
+PROBE_TIMEOUT_S: Final = 10.0
+#: How often the supervisor probes every engine.
+HEALTH_CHECK_PERIOD_S: Final = 2.0
+#: Sleep / wake of every engine of an instance.
+SLEEP_TIMEOUT_S: Final = 300.0
+#: How long an engine's ``sleep()`` lets its queued requests finish before failing them.
+DRAIN_TIMEOUT_S: Final = 120.0
+#: Delay before re-creating a dead engine; doubles on each failure in a row up to the max.
+RESTART_BACKOFF_S: Final = 1.0
+RESTART_BACKOFF_MAX_S: Final = 30.0
+#: How long a process waits for another's conversion of the embedded model.
+MODEL_LOCK_TIMEOUT_S: Final = 900.0
+
+# ---- the Serve deployment (the ingress replica) -----------------------------------------------
+
+#: Ray Serve's own probe of the ingress replica (its defaults, set explicitly).
+SERVE_HEALTH_CHECK_PERIOD_S: Final = 10.0
+SERVE_HEALTH_CHECK_TIMEOUT_S: Final = 30.0
+SERVE_GRACEFUL_SHUTDOWN_TIMEOUT_S: Final = 20.0
+
+# ---- requests --------------------------------------------------------------------------------
+
+#: Largest request body the service reads (413 beyond it, before any parsing). A GRPO group of
+#: 16 judge prompts of 8k tokens is ~0.5 MB; 4 MiB leaves room without letting one client
+#: make the ingress buffer arbitrary amounts.
+MAX_REQUEST_BODY_BYTES: Final = 4 * 1024 * 1024
+#: ``Retry-After`` of a 503 for an instance without a healthy engine (the supervisor re-creates
+#: a dead engine within seconds) and for a sleeping instance.
+UNAVAILABLE_RETRY_AFTER_S: Final = 1.0
+ASLEEP_RETRY_AFTER_S: Final = 5.0
+
+# ---- the CLI ---------------------------------------------------------------------------------
+
+#: ``genrm-serve run``: how often it polls ``/health`` while the engines load, the HTTP deadline
+#: of one poll, and how often a non-terminal gets a progress line.
+HEALTH_POLL_S: Final = 0.5
+HEALTH_POLL_TIMEOUT_S: Final = 5.0
+PROGRESS_EVERY_S: Final = 15.0
+#: ``genrm-serve status``: the HTTP deadline of its two requests.
+STATUS_TIMEOUT_S: Final = 10.0
+#: ``genrm-serve shutdown``: how long it waits for the app to be deleted.
+SHUTDOWN_WAIT_S: Final = 60.0
+#: ``genrm-serve run`` on SIGINT / SIGTERM: how long tearing down the deployment may take
+#: before the Ray instance it started is stopped anyway.
+TEARDOWN_TIMEOUT_S: Final = 20.0

@@ -1,0 +1,633 @@
+"""``MegatronBackend``: the policy as a Megatron-core ``GPTModel``, behind ``TrainingBackend``.
+
+What it does, and why it differs from the torch backend where it does:
+
+* **Model**: built from the HF config (:mod:`.config`) with Megatron's local layer spec and
+  torch SDPA as core attention (:mod:`.attention`), or Transformer Engine's spec with
+  ``transformer_impl="transformer_engine"``; weights from the HF safetensors, this rank's TP
+  shard (:mod:`.convert`). Parameters are fp32 master weights; ``bf16`` is autocast, as in the
+  torch backend, so both train the same numbers.
+* **Packing**: the samples of a micro-batch are concatenated into one row (THD, with
+  ``cu_seqlens``): no padding, attention never crosses a sample boundary. Micro-batches hold at
+  most ``max_tokens_per_micro_batch`` tokens (an item longer than that gets one of its own).
+* **Log-probs**: only response positions are projected onto the vocabulary, in checkpointed
+  chunks, divided by the rollout temperature; with TP > 1 the log-softmax is reduced over the
+  vocabulary shards (:mod:`.logprobs`).
+* **Loss**: ``rl_core.grpo.loss.grpo_loss``, token mean over the **global** batch: pass
+  ``total_tokens`` (the in-loss response tokens over all data-parallel ranks) to
+  :meth:`MegatronBackend.train_step`; gradients are then summed over the data-parallel group.
+* **Optimizer**: torch AdamW on the local shards with no weight decay on norms and biases
+  (``param_groups``), the lr schedule of ``lr_at`` and gradient clipping by the global norm
+  (TP shards counted once each, replicated weights once).
+
+The process group: the trainer group initialises ``torch.distributed`` (one process per GPU);
+standalone (tests, benchmarks) the backend starts a world of one itself and :meth:`close` ends
+what it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+
+from rl_core.backends.base import (
+    BackendConfig,
+    TrainingBackend,
+    TrainItem,
+    backward_micro_batches,
+    lr_at,
+    param_groups,
+)
+from rl_core.backends.megatron import require_megatron
+from rl_core.backends.megatron.config import (
+    MegatronModelArgs,
+    check_tensor_parallel,
+    gpt_model_kwargs,
+    model_args_from_hf,
+    transformer_config_kwargs,
+)
+from rl_core.backends.megatron.convert import hf_to_megatron, megatron_param_kinds, megatron_to_hf
+from rl_core.backends.megatron.logprobs import vocab_parallel_token_logprobs
+from rl_core.backends.megatron.parallel import MegatronConfig, check_parallel_sizes
+
+
+def pack_micro_batches(items: list[TrainItem], max_tokens: int) -> list[list[int]]:
+    """Item indices in order, grouped so each group's *summed* length fits ``max_tokens``
+    (packed, so there is no padding to count); an oversized item gets a group of its own."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i, item in enumerate(items):
+        n = len(item.tokens)
+        if current and used + n > max_tokens:
+            batches.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        batches.append(current)
+    return batches
+
+
+def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of an HF checkpoint folder's safetensors files, on CPU."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors files (an HF checkpoint folder?)")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+#: Gradients are summed in flat buckets of about this many bytes (few, large collectives).
+_BUCKET_BYTES = 256 * 2**20
+
+
+def _all_reduce_coalesced(tensors: list[torch.Tensor], group: Any) -> None:
+    """Sum ``tensors`` in place over ``group``, flattened into buckets of one dtype."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    bucket: list[torch.Tensor] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal bucket, size
+        if bucket:
+            flat = _flatten_dense_tensors(bucket)  # type: ignore[no-untyped-call]
+            dist.all_reduce(flat, group=group)
+            synced = _unflatten_dense_tensors(flat, bucket)  # type: ignore[no-untyped-call]
+            for t, s in zip(bucket, synced, strict=True):
+                t.copy_(s)
+        bucket, size = [], 0
+
+    for t in tensors:
+        if bucket and (
+            t.dtype != bucket[0].dtype or size + t.numel() * t.element_size() > _BUCKET_BYTES
+        ):
+            flush()
+        bucket.append(t)
+        size += t.numel() * t.element_size()
+    flush()
+
+
+@contextlib.contextmanager
+def _cpu_device_redirect(device: torch.device) -> Iterator[None]:
+    """On CPU, answer Megatron's ``torch.cuda.current_device()`` (RoPE, buffers) with "cpu".
+
+    Only while the backend itself runs Megatron code, and only without CUDA; on a GPU this is
+    a no-op.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
+        yield
+
+
+class MegatronBackend(TrainingBackend):
+    """A Megatron-core GPT policy (plus, with a non-zero KL coefficient, its frozen reference)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        cfg: BackendConfig,
+        parallel: MegatronConfig | None = None,
+        *,
+        device: str = "cuda",
+        load_reference: bool | None = None,
+    ) -> None:
+        require_megatron()
+        from megatron.core import parallel_state as ps
+        from transformers import AutoConfig
+
+        self.cfg = cfg
+        self.parallel = parallel or MegatronConfig()
+        self.device = torch.device(device)
+        #: ``--bf16`` unset (auto): bf16 on CUDA; on CPU Megatron's linear layers cannot (below)
+        self.bf16 = self.device.type == "cuda" if cfg.bf16 is None else cfg.bf16
+        self.precision = "bf16 autocast" if self.bf16 else "fp32"
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.model_path = str(model_path)
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.args: MegatronModelArgs = model_args_from_hf(self.hf_config)
+        tp = self.parallel.tensor_model_parallel_size
+        check_tensor_parallel(self.args, tp)
+        self._fused_norms = self.parallel_impl == "transformer_engine"
+
+        self._owns_process_group = not dist.is_initialized()
+        if self._owns_process_group:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, rank=0, world_size=1)
+        check_parallel_sizes(dist.get_world_size(), self.parallel)
+        self._owns_model_parallel = not ps.model_parallel_is_initialized()
+        if self._owns_model_parallel:
+            ps.initialize_model_parallel(tp, self.parallel.pipeline_model_parallel_size)
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.tp_size = tp
+        self.dp_group = ps.get_data_parallel_group()
+        self.dp_size = dist.get_world_size(self.dp_group)
+        #: Which share of the global batch this rank trains on (TP peers share one).
+        self.dp_rank = ps.get_data_parallel_rank()
+        torch.manual_seed(cfg.seed)
+        if self.device.type == "cuda":
+            from megatron.core import tensor_parallel
+
+            tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+
+        hf_state = load_hf_state_dict(self.model_path)
+        self.model = self._build_model(hf_state)
+        if load_reference is None:
+            load_reference = cfg.loss.use_kl_loss and cfg.loss.kl_loss_coef != 0.0
+        self.ref_model: Any = None
+        if load_reference:
+            self.ref_model = self._build_model(hf_state)
+            self.ref_model.eval().requires_grad_(False)
+        del hf_state
+        self.optimizer = torch.optim.AdamW(
+            param_groups(self.model.named_parameters(), cfg.weight_decay),
+            lr=lr_at(cfg, 0),
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+        )
+        self.step = 0
+        self.offloaded = False
+        # Pinned host buffers, one per (owner, key), allocated at the first offload and reused.
+        self._host: dict[tuple[int, str], torch.Tensor] = {}
+
+    @property
+    def parallel_impl(self) -> str:
+        return self.parallel.transformer_impl
+
+    # --- model -----------------------------------------------------------------------------------
+
+    def _layer_spec(self) -> Any:
+        if self.parallel_impl == "transformer_engine":
+            from megatron.core.models.gpt.gpt_layer_specs import (
+                get_gpt_layer_with_transformer_engine_spec,
+            )
+
+            return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=self.args.qk_layernorm)
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        from rl_core.backends.megatron.attention import SDPACoreAttention
+
+        spec = get_gpt_layer_local_spec(
+            qk_layernorm=self.args.qk_layernorm, normalization="RMSNorm"
+        )
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+        return spec
+
+    def _build_model(self, hf_state: dict[str, torch.Tensor]) -> Any:
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        config = TransformerConfig(
+            **transformer_config_kwargs(
+                self.args,
+                tensor_model_parallel_size=self.tp_size,
+                pipeline_model_parallel_size=self.parallel.pipeline_model_parallel_size,
+                sequence_parallel=self.parallel.sequence_parallel,
+                use_cpu_initialization=True,
+            )
+        )
+        with _cpu_device_redirect(self.device):
+            model = GPTModel(config, self._layer_spec(), **gpt_model_kwargs(self.args))
+        shard = hf_to_megatron(hf_state, self.args, self.tp_size, fused_norms=self._fused_norms)[
+            self.tp_rank
+        ]
+        result = model.load_state_dict(shard, strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise RuntimeError(
+                f"HF → Megatron weights do not match the model: missing {missing}, "
+                f"unexpected {result.unexpected_keys}"
+            )
+        return model.to(self.device)
+
+    def _output_weight(self, model: Any) -> torch.Tensor:
+        if self.args.tie_word_embeddings:
+            return model.embedding.word_embeddings.weight  # type: ignore[no-any-return]
+        return model.output_layer.weight  # type: ignore[no-any-return]
+
+    def _autocast(self) -> Any:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def _forward(
+        self, model: Any, items: list[TrainItem]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-response-token log-probs and entropies of ``items``, packed into one row."""
+        from megatron.core import tensor_parallel
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        lengths = [len(it.tokens) for it in items]
+        flat = [t for it in items for t in it.tokens]
+        if self.parallel.sequence_parallel and len(flat) % self.tp_size:
+            pad = self.tp_size - len(flat) % self.tp_size  # a dummy sequence: SP splits by TP
+            flat += [0] * pad
+            lengths.append(pad)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        rows, targets = [], []
+        for it, start in zip(items, cu.tolist(), strict=False):
+            for p in range(it.response_start - 1, len(it.tokens) - 1):
+                rows.append(start + p)
+                targets.append(it.tokens[p + 1])
+        # The local path (RoPE's THD split, our SDPA attention) reads the boundaries on the
+        # host: a CPU tensor saves a device sync per layer. Transformer Engine's kernels need
+        # them on the device.
+        cu_seqlens = cu if self.parallel_impl == "local" else cu.to(self.device)
+        packed = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_kv=cu_seqlens,
+            max_seqlen_q=max(lengths),
+            max_seqlen_kv=max(lengths),
+        )
+        ids = torch.tensor([flat], device=self.device)
+        with _cpu_device_redirect(self.device), self._autocast():
+            emb = model.embedding(input_ids=ids, position_ids=None)  # [t(/tp), 1, h]
+            rope = model.rotary_pos_emb(max(lengths), packed_seq=True)
+            hidden = model.decoder(
+                hidden_states=emb,
+                attention_mask=None,
+                rotary_pos_emb=rope,
+                packed_seq_params=packed,
+            )
+            if self.parallel.sequence_parallel:
+                hidden = tensor_parallel.gather_from_sequence_parallel_region(hidden)
+            elif self.tp_size > 1:
+                hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden)
+            sel = hidden[:, 0][torch.tensor(rows, device=self.device)]
+            logp, ent = vocab_parallel_token_logprobs(
+                sel,
+                self._output_weight(model),
+                torch.tensor(targets, device=self.device),
+                temperature=self.cfg.temperature,
+                chunk_size=self.cfg.logprob_chunk_size,
+                tp_group=self.tp_group,
+                tp_rank=self.tp_rank,
+            )
+        sizes = [it.response_len for it in items]
+        return list(torch.split(logp, sizes)), list(torch.split(ent, sizes))
+
+    def logprobs(self, items: list[TrainItem], *, reference: bool = False) -> list[torch.Tensor]:
+        model = self.ref_model if reference else self.model
+        if model is None:
+            raise RuntimeError("no reference model loaded (the KL loss is off or its coef is 0)")
+        self._check_loaded()
+        model.eval()
+        out: list[torch.Tensor] = [torch.empty(0)] * len(items)
+        with torch.no_grad():
+            for mb in pack_micro_batches(items, self.cfg.max_tokens_per_micro_batch):
+                lps, _ = self._forward(model, [items[i] for i in mb])
+                for i, lp in zip(mb, lps, strict=True):
+                    out[i] = lp.float().cpu()
+        return out
+
+    # --- training --------------------------------------------------------------------------------
+
+    def train_step(
+        self,
+        items: list[TrainItem],
+        *,
+        old_logprobs: list[torch.Tensor] | None,
+        ref_logprobs: list[torch.Tensor] | None = None,
+        total_tokens: float | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step; ``total_tokens``: in-loss response tokens of the whole global
+        batch over all data-parallel ranks (default: this rank's, right at data parallel 1).
+
+        Metrics are this rank's share (sums over its tokens divided by ``total_tokens``), as the
+        torch backend returns them: the trainer group sums them over data-parallel ranks. TP
+        peers of one data-parallel rank return the same numbers.
+        """
+        self._check_loaded()
+        if self.bf16 and self.device.type != "cuda":
+            raise ValueError(
+                "--bf16 training with --train-backend megatron needs CUDA: Megatron's linear "
+                "layers re-enter autocast in their backward only on CUDA (use fp32 on CPU)"
+            )
+        local_tokens = float(sum(it.response_len for it in items if it.in_loss))
+        if total_tokens is None:
+            if self.dp_size > 1:
+                raise ValueError(
+                    f"train_step on {self.dp_size} data-parallel ranks needs total_tokens (the "
+                    "global batch's in-loss tokens), else each rank normalises by its own"
+                )
+            total_tokens = local_tokens
+        total_tokens = float(total_tokens)
+        lr = lr_at(self.cfg, self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums, n_micro = backward_micro_batches(
+            lambda batch: self._forward(self.model, batch),
+            items,
+            pack_micro_batches(items, self.cfg.max_tokens_per_micro_batch)
+            if local_tokens > 0
+            else [],
+            self.cfg.loss,
+            total_tokens=total_tokens,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+        )
+        grad_norm = 0.0
+        if total_tokens > 0:  # the same on every rank: all join the gradient all-reduce
+            grad_norm = self._reduce_and_clip()
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"non-finite gradient norm at step {self.step}")
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.model.eval()
+        return {
+            **sums,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "train_tokens": local_tokens,
+            "micro_batches": float(n_micro),
+        }
+
+    def _tp_partial(self, name: str, param: torch.Tensor) -> bool:
+        """A replicated weight whose gradient each TP rank holds only a part of: q/k norms (each
+        rank normalises its own heads) and, with sequence parallelism, the norms (each rank sees
+        its slice of the sequence). Megatron sums these over TP (finalize_model_grads)."""
+        if self.tp_size == 1:
+            return False
+        if self.args.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name):
+            return True
+        return self.parallel.sequence_parallel and bool(getattr(param, "sequence_parallel", False))
+
+    def _reduce_and_clip(self) -> float:
+        """Sum gradients over data parallel (and partial replicated ones over TP), then clip by
+        the global norm; returns the norm before clipping."""
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.dp_size > 1:
+            _all_reduce_coalesced([p.grad for p in params], self.dp_group)
+        partial = [p.grad for n, p in named if self._tp_partial(n, p)]
+        if partial:
+            _all_reduce_coalesced(partial, self.tp_group)
+        sharded = torch.zeros((), device=self.device)
+        replicated = torch.zeros((), device=self.device)
+        for n, p in named:
+            sq = p.grad.detach().float().pow(2).sum()
+            # by name, not Megatron's ``tensor_model_parallel`` attribute: that one is only set
+            # by its weight initialisation, which a model loaded from HF weights skips
+            if megatron_param_kinds(n) != "replicated":
+                sharded += sq
+            else:
+                replicated += sq
+        if self.tp_size > 1:
+            dist.all_reduce(sharded, group=self.tp_group)
+        norm = float((sharded + replicated).sqrt())
+        if math.isfinite(norm) and norm > self.cfg.clip_grad:
+            scale = self.cfg.clip_grad / (norm + 1e-6)
+            for p in params:
+                p.grad.mul_(scale)
+        return norm
+
+    # --- weights, memory, checkpoints -----------------------------------------------------------
+
+    def _megatron_shards(self) -> list[dict[str, torch.Tensor]]:
+        """Every TP rank's Megatron state (all-gathered), as CPU tensors."""
+        local = {k: v.detach() for k, v in self.model.named_parameters()}
+        if self.tp_size == 1:
+            return [{k: v.cpu() for k, v in local.items()}]
+        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp_size)]
+        for name, value in local.items():
+            if megatron_param_kinds(name) == "replicated":
+                for s in shards:
+                    s[name] = value.cpu()
+                continue
+            parts = [torch.empty_like(value) for _ in range(self.tp_size)]
+            dist.all_gather(parts, value.contiguous(), group=self.tp_group)
+            for s, part in zip(shards, parts, strict=True):
+                s[name] = part.cpu()
+        return shards
+
+    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The policy's full weights under HF names (tied embeddings named once)."""
+        hf = megatron_to_hf(self._megatron_shards(), self.args, fused_norms=self._fused_norms)
+        return {k: (v.to(dtype) if dtype is not None else v).clone() for k, v in hf.items()}
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy full HF-named weights (another policy's :meth:`export_weights`) into this rank's
+        shard: a forward-only rank (``actor_fwd``) following the policy after a weight sync."""
+        shard = hf_to_megatron(state, self.args, self.tp_size, fused_norms=self._fused_norms)[
+            self.tp_rank
+        ]
+        own = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for k, v in shard.items():
+                own[k].copy_(v.to(own[k].device, own[k].dtype))
+
+    def _tensors(self) -> Iterator[tuple[Any, str, torch.Tensor]]:
+        """(owner, key, tensor) of everything that lives on the accelerator."""
+        for model in (self.model, self.ref_model):
+            if model is not None:
+                for p in model.parameters():
+                    yield p, "data", p.data
+        for state in self.optimizer.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    yield state, k, v
+
+    def offload(self) -> None:
+        """Weights and optimizer state to pinned host buffers (allocated once, reused)."""
+        if self.offloaded:
+            return
+        if self.device.type != "cpu":
+            for owner, key, t in list(self._tensors()):
+                slot = (id(owner), key)
+                host = self._host.get(slot)
+                if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                    host = self._host[slot] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                if key == "data":
+                    owner.data = host
+                else:
+                    owner[key] = host
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        self.offloaded = True
+
+    def onload(self) -> None:
+        if not self.offloaded:
+            return
+        if self.device.type != "cpu":
+            for owner, key, t in list(self._tensors()):
+                on = t.to(self.device, non_blocking=True)
+                if key == "data":
+                    owner.data = on
+                else:
+                    owner[key] = on
+            torch.cuda.synchronize()
+        self.offloaded = False
+
+    def _check_loaded(self) -> None:
+        if self.offloaded:
+            raise RuntimeError("training backend is offloaded; call onload() first")
+
+    def save(self, path: Path, extra: dict[str, Any]) -> None:
+        """An HF folder (``model/``: safetensors + config, loads in transformers), the optimizer
+        state of each TP rank (``optimizer_tpNN.pt``; data-parallel ranks hold the same), the
+        step and ``extra``.
+
+        At TP = 1 every rank holds everything: call it on one rank (the trainer group calls rank
+        0), the others return without writing. At TP > 1 it is collective: every rank must call
+        it (the weights are gathered over TP; one rank per TP shard writes its optimizer state).
+        """
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        if self.tp_size == 1:
+            if dist.get_rank() == 0 or self._owns_process_group:
+                self._write(tmp, self.export_weights(), extra, optimizer=True)
+                self._publish(tmp, path)
+            return
+        hf = self.export_weights()  # collective over the TP group
+        writer = dist.get_rank() == 0
+        if writer:
+            self._write(tmp, hf, extra, optimizer=False)
+        dist.barrier()
+        if self.dp_rank == 0:
+            self._save_optimizer(tmp)
+        dist.barrier()
+        if writer:
+            self._publish(tmp, path)
+        dist.barrier()
+
+    def _write(
+        self, tmp: Path, hf: dict[str, torch.Tensor], extra: dict[str, Any], *, optimizer: bool
+    ) -> None:
+        from safetensors.torch import save_file
+
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / "model").mkdir(parents=True)
+        save_file(
+            {k: v.contiguous() for k, v in hf.items()}, str(tmp / "model" / "model.safetensors")
+        )
+        self.hf_config.save_pretrained(tmp / "model")
+        (tmp / "state.json").write_text(json.dumps({"step": self.step, "extra": extra}, indent=1))
+        if optimizer:
+            self._save_optimizer(tmp)
+
+    def _save_optimizer(self, tmp: Path) -> None:
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()},
+            tmp / f"optimizer_tp{self.tp_rank:02d}.pt",
+        )
+
+    @staticmethod
+    def _publish(tmp: Path, path: Path) -> None:
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> dict[str, Any]:
+        """Restore what :meth:`save` wrote; every rank calls it (each reads its TP shard)."""
+        path = Path(path)
+        if not (path / "state.json").is_file():
+            raise FileNotFoundError(f"--load {path}: not a checkpoint (no state.json)")
+        opt_file = path / f"optimizer_tp{self.tp_rank:02d}.pt"
+        if not opt_file.is_file():
+            raise FileNotFoundError(
+                f"--load {path}: no {opt_file.name} (saved with another "
+                f"--tensor-model-parallel-size than {self.tp_size}?)"
+            )
+        shard = hf_to_megatron(
+            load_hf_state_dict(path / "model"),
+            self.args,
+            self.tp_size,
+            fused_norms=self._fused_norms,
+        )[self.tp_rank]
+        with torch.no_grad():
+            own = dict(self.model.named_parameters())
+            for k, v in shard.items():
+                own[k].copy_(v)
+        opt = torch.load(opt_file, map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(opt["optimizer"])
+        torch.set_rng_state(opt["rng"])
+        state = json.loads((path / "state.json").read_text())
+        self.step = int(state["step"])
+        extra: dict[str, Any] = state["extra"]
+        return extra
+
+    def close(self) -> None:
+        """End the model-parallel state and process group this backend started (if any)."""
+        from megatron.core import parallel_state as ps
+
+        if self._owns_model_parallel and ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_model_parallel = self._owns_process_group = False
