@@ -132,6 +132,8 @@ class TrainConfig(RewardArgs):
     max_judge_error_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     # judges (genrm-serve's parser) and placement (built once from the placement flags)
     genrm_instances: dict[str, InstanceSpec] = Field(default_factory=dict)
+    #: the judge service's HTTP port on the driver's node; None = a free port
+    genrm_port: int | None = Field(default=None, gt=0, le=65535)
     layout: LayoutRequest
     plan: PlacementPlan
     # checkpoints and output
@@ -398,6 +400,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     # --resource, --colocate / --fully-async, rollout GPU flags, --rm-type and the defer flags,
     # and genrm-serve's --genrm-* flags: one definition, shared with `rl-core plan`.
     add_placement_args(p)
+    g = p.add_argument_group("judge service")
+    _flag(g, "--genrm-port", help="HTTP port of the judge service (default: a free port)")
 
     g = p.add_argument_group("checkpoints and output")
     _flag(g, "--save")

@@ -234,6 +234,7 @@ async def start_judge_service(
     realized: RealizedPlacement,
     instances: dict[str, InstanceSpec],
     stack: AsyncExitStack,
+    port: int | None = None,
 ) -> tuple[str, dict[str, list[Any]]]:
     """The judge engines in the plan's bundles, handed to the service (which then creates no
     placement group of its own and re-creates a dead engine in the same bundle)."""
@@ -257,7 +258,7 @@ async def start_judge_service(
         ]
         for key in instances
     }
-    sargs = ServeArgs(port=_free_port(), engine_num_cpus=0.5)
+    sargs = ServeArgs(port=port or _free_port(), engine_num_cpus=0.5)
     deploy(build_app(instances, engines=refs, args=sargs), sargs)
     stack.callback(serve.shutdown)
     await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S)
@@ -351,7 +352,9 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
                 k: _engine_spec(s, cfg.device, plan.judges[k].mem_fraction_static)
                 for k, s in cfg.genrm_instances.items()
             }
-            url, judge_actors = await start_judge_service(realized, instances, stack)
+            url, judge_actors = await start_judge_service(
+                realized, instances, stack, cfg.genrm_port
+            )
             # reward functions use genrm-client's process-wide client, which reads GENRM_URL
             # when it is created: drop any made before this service existed, and close ours last
             os.environ["GENRM_URL"] = url

@@ -6,8 +6,8 @@ waits for rewards is measured on its own. Deferred (``--rm-type dummy
 --defer-reward-to-post-process``): the dummy placeholder first, then a post-process hook scores the
 whole batch. The built-in hook owns the defer-swap sequence — rollout engines sleep, judge wakes,
 batch scored, judge sleeps — so users do not write it; ``--custom-reward-post-process-path``
-replaces it with ``async def hook(args, samples) -> list[dict] | None`` (results to apply, or
-``None`` when the hook set ``sample.reward`` / ``status`` itself).
+replaces the scoring (not the swap) with ``async def hook(args, samples) -> list[dict] | None``
+(results to apply, or ``None`` when the hook set ``sample.reward`` / ``status`` itself).
 
 A reward function that raises is recorded as ``judge_error`` on that sample (with the error), never
 as 0, and the step's judge-error budget decides whether training continues.
@@ -112,24 +112,44 @@ class PostProcessContext:
     reward_key: str
 
 
-async def defer_swap_post_process(ctx: PostProcessContext, samples: list[Sample]) -> None:
-    """The built-in defer-swap hook: rollout sleeps → judge wakes → batch scored → judge sleeps."""
+async def _wake_judges(ctx: PostProcessContext) -> None:
+    """The swap before a deferred batch is scored: rollout sleeps, judge wakes (per the plan)."""
     if "reward" in ctx.phases.phases:
         await ctx.phases.enter("reward")
     else:  # a mode without a reward phase: just make sure the judges are up
         for who in ctx.phases.judges():
             await ctx.phases.set_state(who, "active", reason="reward")
-    await score_batch(ctx.batch_fn, ctx.args, samples, ctx.reward_key)
+
+
+async def _sleep_judges(ctx: PostProcessContext) -> None:
     if "reward" in ctx.phases.phases:
         for who in ctx.phases.judges():
             await ctx.phases.set_state(who, "asleep", reason="reward-done")
 
 
+async def defer_swap_post_process(ctx: PostProcessContext, samples: list[Sample]) -> None:
+    """The built-in defer-swap hook: rollout sleeps → judge wakes → batch scored → judge sleeps."""
+    await _wake_judges(ctx)
+    await score_batch(ctx.batch_fn, ctx.args, samples, ctx.reward_key)
+    await _sleep_judges(ctx)
+
+
 def custom_post_process(fn: Callable[..., Awaitable[Any]]) -> PostProcessHook:
-    """Wrap a user hook ``async def hook(args, samples) -> list[dict] | None``."""
+    """Wrap a user hook ``async def hook(args, samples) -> list[dict] | None``.
+
+    The swap stays rl-core's: the user hook runs with the judges awake and the rollout engines
+    asleep, exactly where the built-in one scores (a hook cannot reach the engines itself). A
+    judge failure it lets through marks the batch ``judge_error``, as an inline reward would.
+    """
 
     async def hook(ctx: PostProcessContext, samples: list[Sample]) -> None:
-        results = await fn(ctx.args, samples)
+        await _wake_judges(ctx)
+        try:
+            results = await fn(ctx.args, samples)
+        except JUDGE_FAILURES as err:
+            logger.warning("post-process hook failed for %d samples: %s", len(samples), err)
+            results = [_error_result(err)] * len(samples)
+        await _sleep_judges(ctx)
         if results is not None:
             results = list(results)
             if len(results) != len(samples):
