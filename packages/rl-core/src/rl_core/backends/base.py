@@ -166,6 +166,19 @@ def backward_micro_batches(
     return sums, n_micro
 
 
+def collect_logprobs(
+    forward: Forward, items: list[TrainItem], micro_batches: list[list[int]]
+) -> list[torch.Tensor]:
+    """Per-item response log-probs (no grad, on the host), a micro-batch at a time."""
+    out: list[torch.Tensor] = [torch.empty(0)] * len(items)
+    with torch.no_grad():
+        for mb in micro_batches:
+            lps, _ = forward([items[i] for i in mb])
+            for i, lp in zip(mb, lps, strict=True):
+                out[i] = lp.float().cpu()
+    return out
+
+
 class TrainingBackend(ABC):
     """A policy being trained (plus, when the KL loss is on, its frozen reference)."""
 

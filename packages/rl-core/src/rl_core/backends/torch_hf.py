@@ -25,6 +25,7 @@ from rl_core.backends.base import (
     TrainingBackend,
     TrainItem,
     backward_micro_batches,
+    collect_logprobs,
     lr_at,
     param_groups,
 )
@@ -222,13 +223,11 @@ class TorchHFBackend(TrainingBackend):
         if model is None:
             raise RuntimeError("no reference model loaded (the KL loss is off or its coef is 0)")
         self._check_loaded()
-        out: list[torch.Tensor] = [torch.empty(0)] * len(items)
-        with torch.no_grad():
-            for mb in micro_batches(items, self.cfg.max_tokens_per_micro_batch):
-                lps, _ = self._forward(model, [items[i] for i in mb])
-                for i, lp in zip(mb, lps, strict=True):
-                    out[i] = lp.float().cpu()
-        return out
+        return collect_logprobs(
+            lambda batch: self._forward(model, batch),
+            items,
+            micro_batches(items, self.cfg.max_tokens_per_micro_batch),
+        )
 
     # --- training --------------------------------------------------------------------------------
 
