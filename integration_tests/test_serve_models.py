@@ -43,8 +43,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from genrm_serve.app import build_app, deploy, wait_until_healthy
     from genrm_serve.config import build_instances
     from genrm_serve.serve_args import ServeArgs
-    from genrm_serve.testing import build_tiny_model
+    from genrm_serve.testing import build_tiny_model, require_embedded_model
 
+    require_embedded_model()
     tiny = build_tiny_model(Path(tmp_path_factory.mktemp("tiny")) / "model")
     instances = build_instances(
         instances={

@@ -69,14 +69,21 @@ def _uv() -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_wheel_installs_alone_with_only_its_three_dependencies(tmp_path: Path) -> None:
-    dist_dir = tmp_path / "dist"
-    subprocess.run(
-        [*_uv(), "build", "--package", "genrm-client", "--wheel", "-o", str(dist_dir)],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    # Offline (scripts/test-offline.sh): the wheelhouse holds the built wheel and its
+    # dependencies; otherwise build it here and install from the package registry.
+    wheelhouse = os.environ.get("GENRM_WHEELHOUSE")
+    if wheelhouse:
+        dist_dir = Path(wheelhouse)
+        index = ["--no-index", "--find-links", wheelhouse]
+    else:
+        dist_dir, index = tmp_path / "dist", []
+        subprocess.run(
+            [*_uv(), "build", "--package", "genrm-client", "--wheel", "-o", str(dist_dir)],
+            cwd=REPO_ROOT,
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
     (wheel,) = dist_dir.glob("genrm_client-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {"genrm_client/py.typed", "genrm_client/types.py", "genrm_client/_client.py"} <= set(
@@ -89,7 +96,16 @@ def test_wheel_installs_alone_with_only_its_three_dependencies(tmp_path: Path) -
     python = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
     pip = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            *index,
+            str(wheel),
+        ],
         capture_output=True,
         text=True,
         timeout=400,

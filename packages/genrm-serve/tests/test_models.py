@@ -14,7 +14,7 @@ from genrm_serve.config import DEFAULT_SAMPLING, InstanceSpec
 from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.hf import HFEngine
 from genrm_serve.models import ensure_embedded_model, resolve_model_path
-from genrm_serve.testing import build_tiny_model
+from genrm_serve.testing import build_tiny_model, require_embedded_model
 
 
 def test_concurrent_callers_convert_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,6 +83,7 @@ def test_tiny_model_is_deterministic_per_seed(tmp_path: Path) -> None:
 @pytest.mark.slow
 async def test_embedded_gemma_answers_a_judge_prompt() -> None:
     """End to end on the real model: converts once (1-2 min) into the cache, then loads it."""
+    require_embedded_model()
     spec = InstanceSpec(route_key="judge", model_path="embedded", num_gpus=1, engine="hf")
     engine = HFEngine(spec, "judge/0")
     await engine.start()

@@ -37,6 +37,7 @@ __all__ = [
     "free_port",
     "local_ray_serve",
     "ray_test_env",
+    "require_embedded_model",
 ]
 
 
@@ -45,6 +46,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def require_embedded_model() -> None:
+    """In a test: skip, not fail, where the embedded model's package is absent — a host whose
+    wheels came without it (an offline GPU node; genrm-serve[hf] brings it everywhere else)."""
+    import pytest
+
+    from genrm_serve.models import EMBEDDED_MODELS
+
+    for dist in EMBEDDED_MODELS.values():
+        pytest.importorskip(dist, reason=f"the embedded model's package {dist} is not installed")
 
 
 def ray_test_env() -> None:

@@ -220,6 +220,9 @@ async def test_agentic_judges(client: AsyncGenRMClient) -> None:
 def gemma_service(serve_port: int) -> Iterator[ServeArgs]:
     """A second app on the same Serve: the embedded Gemma 3 270M behind the hf engine."""
     pytest.importorskip("genrm_serve.engines.hf", reason="genrm-serve's hf engine is missing")
+    from genrm_serve.testing import require_embedded_model
+
+    require_embedded_model()
     instances = build_instances(
         model_path="embedded",
         engine="hf",
