@@ -250,21 +250,34 @@ def _engine_process(path: str, inbox: Any, outbox: Any) -> None:
     asyncio.run(serve())
 
 
-def greedy_reference(backend: Any, ids: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """The trainer model's greedy continuation, in bf16 like the engine (one prompt at a time)."""
+def greedy_reference(
+    backend: Any, path: Path, ids: list[list[int]], new_tokens: int
+) -> list[list[int]]:
+    """The trainer model's greedy continuation through the same engine code: its weights cast to
+    bf16, saved, loaded by an hf engine in this process, the same batch. Not ``model.generate``:
+    with random weights near-ties are common, and another kernel order (batch of one, another
+    attention path) flips some of them, which says nothing about the sync."""
+    from transformers import AutoTokenizer
+
+    from genrm_serve.engines.hf import HFEngine
+
     model = backend.model
-    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.to(torch.bfloat16).eval()
-    model.config.use_cache = True
-    outs = []
-    with torch.no_grad():
-        for p in ids:
-            x = torch.tensor([p], device="cuda")
-            g = model.generate(x, max_new_tokens=new_tokens, do_sample=False)
-            outs.append(g[0, len(p) :].tolist())
-    model.to(torch.float32)
-    model.load_state_dict(saved)
-    model.config.use_cache = False
+    with tempfile.TemporaryDirectory() as tmp:
+        bf16 = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+        model.save_pretrained(tmp, state_dict=bf16)
+        model.generation_config.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(path).save_pretrained(tmp)
+        del bf16
+
+        async def run() -> list[list[int]]:
+            engine = HFEngine(engine_spec(Path(tmp), None), "reference/0")
+            await engine.start()
+            outs = [o.token_ids for o in await engine.generate(requests(ids, new_tokens))]
+            await engine.shutdown()
+            return outs
+
+        outs = asyncio.run(run())
+    torch.cuda.empty_cache()
     return outs
 
 
@@ -318,7 +331,7 @@ def ipc_sync(path: Path, backend: Any, syncs: int, bucket_mb: int) -> dict[str, 
     )
     inbox.put(("generate", ids))
     engine_after = reply()[1]
-    reference = greedy_reference(backend, ids, 16)
+    reference = greedy_reference(backend, path, ids, 16)
     inbox.put(("stop", None))
     reply()
     proc.join(60)
@@ -375,7 +388,8 @@ def report(res: dict[str, Any]) -> str:
         f"{s['weights_gb_bf16']:.2f} GB in bf16, {s['buckets']} buckets of ≤ {s['bucket_mb']} MB): "
         f"sync s {f(f'{t:.3f}' for t in s['sync_s'])}; engine weights bit-identical to the "
         f"trainer's cast to bf16: {s['weights_equal_trainer_bf16']}; engine's next greedy output "
-        f"equals the trainer model's: {s['greedy_equals_trainer']} (changed by the sync: "
+        f"equals the trainer model's (its bf16 weights in a fresh engine): "
+        f"{s['greedy_equals_trainer']} (changed by the sync: "
         f"{s['greedy_changed_by_sync']}); weight version {s['weight_version']}.",
         "",
     ]

@@ -1,0 +1,193 @@
+"""``rl-core train`` on one GPU, end to end: per-phase times and GPU memory per phase.
+
+Random weights of real shapes (bf16 engines, needs a CUDA GPU): the policy is Qwen3-0.6B-shaped
+(28 × 1024, MLP 3072, 16 / 8 heads, head dim 128, vocab 151,936), the judge Qwen3-4B-shaped
+(36 × 2560, MLP 9728, 32 / 8 heads). Both use genrm-serve's tiny tokenizer, so texts are
+nonsense and verdicts unparsed (reward 0, counted): the run measures the machinery — engines
+sleeping and waking on a shared GPU, the trainer's offload / onload, weight sync — not learning.
+
+Layouts (each its own ``rl-core train`` process, one after another):
+
+- ``shared``: colocate-shared, ``{"actor": [1, 1], "rollout": [1, 1], "genrm": [1, 1]}``,
+  rollout ``mem_fraction_static`` 0.5, judge 0.3, reward inline per sample;
+- ``defer``: colocate-defer-swap on the same bundle (``--rm-type dummy``,
+  ``--defer-reward-to-post-process --builtin-reward-post-process``): rollout awake with the judge
+  asleep, then the judge scores the batch;
+- ``megatron``: ``shared`` with ``--train-backend megatron``.
+
+Run: ``python benchmarks/gpu_train.py --out DIR [--layouts shared,defer,megatron] [--steps 3]``.
+Prints a markdown report; ``DIR/gpu_train.json`` holds every step's metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_handoff import JUDGE_4B, POLICY_06B, QUICK, VOCAB, build_model
+
+RESOURCE = json.dumps({"actor": [1, 1], "rollout": [1, 1], "genrm": [1, 1]})
+
+LAYOUTS: dict[str, list[str]] = {
+    "shared": [
+        "--rm-type",
+        "dapo-genrm",
+        "--sglang-mem-fraction-static",
+        "0.5",
+        "--genrm-engine-config",
+        json.dumps({"mem_fraction_static": 0.3, "max_batch_size": 64}),
+    ],
+    "defer": [
+        "--rm-type",
+        "dummy",
+        "--defer-reward-to-post-process",
+        "--builtin-reward-post-process",
+        "--genrm-engine-config",
+        json.dumps({"max_batch_size": 64}),
+    ],
+}
+LAYOUTS["megatron"] = [*LAYOUTS["shared"], "--train-backend", "megatron"]
+
+
+def train_flags(policy: Path, judge: Path, run_dir: Path, steps: int, n: int) -> list[str]:
+    return [
+        "--hf-checkpoint",
+        str(policy),
+        "--genrm-model-path",
+        str(judge),
+        "--genrm-engine",
+        "hf",
+        "--rollout-engine",
+        "hf",
+        "--genrm-sampling-config",
+        json.dumps({"max_response_len": 2, "temperature": 0.0}),
+        "--resource",
+        RESOURCE,
+        "--colocate",
+        "--prompt-data",
+        "gen:easy-math",
+        "--num-rollout",
+        str(steps),
+        "--rollout-batch-size",
+        "8",
+        "--n-samples-per-prompt",
+        str(n),
+        "--rollout-max-response-len",
+        "256",
+        "--rollout-temperature",
+        "1.0",
+        "--lr",
+        "1e-6",
+        "--bf16",
+        "--max-tokens-per-gpu",
+        "8192",
+        "--run-dir",
+        str(run_dir),
+    ]
+
+
+def run_layout(
+    name: str, policy: Path, judge: Path, out: Path, steps: int, n: int
+) -> dict[str, Any]:
+    run_dir = out / "runs" / name
+    cmd = [sys.executable, "-m", "rl_core.cli", "train"]
+    cmd += train_flags(policy, judge, run_dir, steps, n) + LAYOUTS[name]
+    log = out / f"train-{name}.log"
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy())
+    wall = time.perf_counter() - t0
+    res: dict[str, Any] = {"layout": name, "exit": proc.returncode, "wall_s": wall}
+    metrics = run_dir / "metrics.jsonl"
+    res["steps"] = (
+        [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    )
+    layout = run_dir / "layout.json"
+    if layout.exists():
+        res["layout_json"] = json.loads(layout.read_text())
+    if proc.returncode != 0:
+        res["log_tail"] = log.read_text()[-4000:]
+    return res
+
+
+def _cols(steps: list[dict[str, Any]], prefix: str) -> list[str]:
+    return sorted({k for s in steps for k in s if k.startswith(prefix)})
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in results:
+        lines.append(
+            f"### {r['layout']}: exit {r['exit']}, wall {r['wall_s']:.0f} s (start-up included)"
+        )
+        steps = r["steps"]
+        if not steps:
+            lines += ["", "```", r.get("log_tail", ""), "```", ""]
+            continue
+        for prefix, unit in (("time/", "s"), ("handoff/", "s"), ("mem/", "GB")):
+            cols = _cols(steps, prefix)
+            if not cols:
+                continue
+            lines.append("")
+            lines.append("| step | " + " | ".join(f"{c} {unit}" for c in cols) + " |")
+            lines.append("|---" * (len(cols) + 1) + "|")
+            for s in steps:
+                vals = [
+                    f"{s[c]:.2f}" if isinstance(s.get(c), float) else str(s.get(c, ""))
+                    for c in cols
+                ]
+                lines.append(f"| {s['step']} | " + " | ".join(vals) + " |")
+        keys = (
+            "weights/sync_path",
+            "rollout/samples",
+            "rollout/response_len_mean",
+            "rollout/judge_errors",
+        )
+        last = steps[-1]
+        lines.append("")
+        lines.append("last step: " + ", ".join(f"{k} {last.get(k)}" for k in keys))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layouts", default="shared,defer,megatron")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--n", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--quick", action="store_true", help="small shapes (to check the script)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    t0 = time.perf_counter()
+    policy = build_model(
+        args.out / "policy", QUICK if args.quick else POLICY_06B, vocab=VOCAB, seed=1
+    )
+    judge = build_model(args.out / "judge", QUICK if args.quick else JUDGE_4B, vocab=VOCAB, seed=2)
+    built = time.perf_counter() - t0
+    results = []
+    for name in args.layouts.split(","):
+        steps = 2 if name == "megatron" else args.steps
+        results.append(run_layout(name, policy, judge, args.out, steps, args.n))
+        print(report(results[-1:]), flush=True)
+    doc = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "models_built_s": built,
+        "command": " ".join(sys.argv),
+        "results": results,
+    }
+    (args.out / "gpu_train.json").write_text(json.dumps(doc, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
