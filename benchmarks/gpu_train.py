@@ -174,19 +174,19 @@ def main() -> None:
     )
     judge = build_model(args.out / "judge", QUICK if args.quick else JUDGE_4B, vocab=VOCAB, seed=2)
     built = time.perf_counter() - t0
-    results = []
-    for name in args.layouts.split(","):
-        steps = 2 if name == "megatron" else args.steps
-        results.append(run_layout(name, policy, judge, args.out, steps, args.n))
-        print(report(results[-1:]), flush=True)
-    doc = {
+    doc: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "models_built_s": built,
         "command": " ".join(sys.argv),
-        "results": results,
+        "results": [],
     }
-    (args.out / "gpu_train.json").write_text(json.dumps(doc, indent=1, default=str))
+    for name in args.layouts.split(","):
+        steps = 2 if name == "megatron" else args.steps
+        doc["results"].append(run_layout(name, policy, judge, args.out, steps, args.n))
+        print(report(doc["results"][-1:]), flush=True)
+        # after each layout: a run cut short still leaves what it measured
+        (args.out / "gpu_train.json").write_text(json.dumps(doc, indent=1, default=str))
 
 
 if __name__ == "__main__":
