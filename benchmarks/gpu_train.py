@@ -159,7 +159,10 @@ def report(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="report: JSON and the runs' logs")
+    ap.add_argument(
+        "--work", type=Path, default=Path("/tmp/gpu_train"), help="models and run folders"
+    )
     ap.add_argument("--layouts", default="shared,defer,megatron")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--n", type=int, default=8, help="samples per prompt")
@@ -172,7 +175,7 @@ def main() -> None:
     policy = build_model(
         args.out / "policy", QUICK if args.quick else POLICY_06B, vocab=VOCAB, seed=1
     )
-    judge = build_model(args.out / "judge", QUICK if args.quick else JUDGE_4B, vocab=VOCAB, seed=2)
+    judge = build_model(args.work / "judge", QUICK if args.quick else JUDGE_4B, vocab=VOCAB, seed=2)
     built = time.perf_counter() - t0
     doc: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(0),
@@ -183,7 +186,7 @@ def main() -> None:
     }
     for name in args.layouts.split(","):
         steps = 2 if name == "megatron" else args.steps
-        doc["results"].append(run_layout(name, policy, judge, args.out, steps, args.n))
+        doc["results"].append(run_layout(name, policy, judge, args.out, args.work, steps, args.n))
         print(report(doc["results"][-1:]), flush=True)
         # after each layout: a run cut short still leaves what it measured
         (args.out / "gpu_train.json").write_text(json.dumps(doc, indent=1, default=str))
