@@ -94,9 +94,9 @@ def train_flags(policy: Path, judge: Path, run_dir: Path, steps: int, n: int) ->
 
 
 def run_layout(
-    name: str, policy: Path, judge: Path, out: Path, steps: int, n: int
+    name: str, policy: Path, judge: Path, out: Path, work: Path, steps: int, n: int
 ) -> dict[str, Any]:
-    run_dir = out / "runs" / name
+    run_dir = work / "runs" / name
     cmd = [sys.executable, "-m", "rl_core.cli", "train"]
     cmd += train_flags(policy, judge, run_dir, steps, n) + LAYOUTS[name]
     log = out / f"train-{name}.log"
