@@ -56,7 +56,9 @@ LAYOUTS: dict[str, list[str]] = {
 LAYOUTS["megatron"] = [*LAYOUTS["shared"], "--train-backend", "megatron"]
 
 
-def train_flags(policy: Path, judge: Path, run_dir: Path, steps: int, n: int) -> list[str]:
+def train_flags(
+    policy: Path, judge: Path, run_dir: Path, steps: int, n: int, response_len: int = 128
+) -> list[str]:
     return [
         "--hf-checkpoint",
         str(policy),
@@ -80,7 +82,7 @@ def train_flags(policy: Path, judge: Path, run_dir: Path, steps: int, n: int) ->
         "--n-samples-per-prompt",
         str(n),
         "--rollout-max-response-len",
-        "256",
+        str(response_len),
         "--rollout-temperature",
         "1.0",
         "--lr",
