@@ -174,8 +174,9 @@ def main() -> None:
     import torch
 
     t0 = time.perf_counter()
+    args.work.mkdir(parents=True, exist_ok=True)
     policy = build_model(
-        args.out / "policy", QUICK if args.quick else POLICY_06B, vocab=VOCAB, seed=1
+        args.work / "policy", QUICK if args.quick else POLICY_06B, vocab=VOCAB, seed=1
     )
     judge = build_model(args.work / "judge", QUICK if args.quick else JUDGE_4B, vocab=VOCAB, seed=2)
     built = time.perf_counter() - t0

@@ -229,6 +229,22 @@ def test_load_weights_follows_another_policy(qwen3_path, megatron):
     )
 
 
+def test_named_weights_are_the_exported_weights_in_place(qwen3_path, megatron):
+    """A weight sync packs ``named_weights`` on the device: the same HF names and values as the
+    exported weights, and they follow training (not a copy taken at start)."""
+    backend = megatron(qwen3_path, BackendConfig(lr=1e-2))
+    backend.train_step(train_items(), old_logprobs=None)
+    named = dict(backend.named_weights())
+    exported = backend.export_weights()
+    assert list(named) == list(exported)
+    for k, v in exported.items():
+        assert torch.equal(named[k].cpu(), v), k
+    before = {k: v.clone() for k, v in named.items()}
+    backend.train_step(train_items(), old_logprobs=None)
+    after = dict(backend.named_weights())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
 def test_offload_blocks_use_until_onload(qwen3_path, megatron):
     b = megatron(qwen3_path, BackendConfig())
     b.offload()

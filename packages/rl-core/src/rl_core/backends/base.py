@@ -214,6 +214,11 @@ class TrainingBackend(ABC):
         """The policy's weights, as the rollout engines load them."""
 
     @abstractmethod
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The policy's weights under the engines' (HF) names, in a fixed order, where they live
+        (no host copy): what a weight sync packs into buckets on the device."""
+
+    @abstractmethod
     def offload(self) -> None:
         """Release accelerator memory (weights, grads, optimizer state) for another phase."""
 

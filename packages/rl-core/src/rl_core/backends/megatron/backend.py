@@ -456,27 +456,43 @@ class MegatronBackend(TrainingBackend):
 
     # --- weights, memory, checkpoints -----------------------------------------------------------
 
-    def _megatron_shards(self) -> list[dict[str, torch.Tensor]]:
-        """Every TP rank's Megatron state (all-gathered), as CPU tensors."""
+    def _megatron_shards(self, *, on_host: bool = True) -> list[dict[str, torch.Tensor]]:
+        """Every TP rank's Megatron state (all-gathered), as CPU tensors unless ``on_host`` is
+        False (then where the weights are: the device, or the host buffers while offloaded)."""
+
+        def out(t: torch.Tensor) -> torch.Tensor:
+            return t.cpu() if on_host else t
+
         local = {k: v.detach() for k, v in self.model.named_parameters()}
         if self.tp_size == 1:
-            return [{k: v.cpu() for k, v in local.items()}]
+            return [{k: out(v) for k, v in local.items()}]
         shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp_size)]
         for name, value in local.items():
             if megatron_param_kinds(name) == "replicated":
                 for s in shards:
-                    s[name] = value.cpu()
+                    s[name] = out(value)
                 continue
             parts = [torch.empty_like(value) for _ in range(self.tp_size)]
             dist.all_gather(parts, value.contiguous(), group=self.tp_group)
             for s, part in zip(shards, parts, strict=True):
-                s[name] = part.cpu()
+                s[name] = out(part)
         return shards
 
     def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The policy's full weights under HF names (tied embeddings named once)."""
         hf = megatron_to_hf(self._megatron_shards(), self.args, fused_norms=self._fused_norms)
         return {k: (v.to(dtype) if dtype is not None else v).clone() for k, v in hf.items()}
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The policy under HF names where it lives (the device; the host buffers while
+        offloaded): the bucketed transfers' source, as the engines' models name their weights.
+        The fused QKV and gate / up projections are split anew on each call (views where they
+        can be, else device copies of one layer's size), so a sync sees the current weights.
+        With tensor parallelism every TP rank must call it: it all-gathers the shards."""
+        hf = megatron_to_hf(
+            self._megatron_shards(on_host=False), self.args, fused_norms=self._fused_norms
+        )
+        return list(hf.items())
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Copy full HF-named weights (another policy's :meth:`export_weights`) into this rank's
