@@ -78,7 +78,7 @@ def qwen3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def megatron_backend(qwen3_path: Path) -> Iterator[Any]:
-    pytest.importorskip("megatron.core", reason="megatron-core (the [megatron] extra) not installed")
+    pytest.importorskip("megatron.core", reason="megatron-core (the [megatron] extra) is absent")
     from rl_core.backends.megatron.backend import MegatronBackend
 
     backend = MegatronBackend(qwen3_path, _cfg(), device="cuda")
