@@ -1,0 +1,165 @@
+"""The hf engine on a CUDA GPU in bf16: sleep / wake keeps the outputs and gives the memory back,
+an asleep engine refuses work, and a share of the GPU too small for the weights fails the start.
+
+A random-weight Qwen3 model (4 layers × 1024, vocabulary 151,936 so the embedding has a real
+model's size; ≈ 0.4 GB in bf16) with the tiny tokenizer. Memory is read with
+``torch.cuda.memory_allocated`` (this process's tensors), so other processes on the GPU do not
+disturb it. Skipped without CUDA (the root conftest).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from genrm_client.types import SamplingParams
+from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
+from genrm_serve.engines.base import EngineAsleepError, EngineError, EngineRequest
+from genrm_serve.engines.hf import HFEngine, model_bytes
+from genrm_serve.testing import build_tiny_tokenizer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+VOCAB = 151_936
+
+
+def _build_qwen3(path: Path, seed: int = 0) -> Path:
+    """Random bf16 Qwen3 weights (built on the GPU: seconds) plus the tiny tokenizer."""
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tok = build_tiny_tokenizer(512)
+    eos = tok.convert_tokens_to_ids("<eos>")
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=128,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=eos,
+    )
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    del model
+    torch.cuda.empty_cache()
+    return path
+
+
+def _spec(path: Path, fraction: float) -> InstanceSpec:
+    return InstanceSpec(
+        route_key="judge",
+        model_path=str(path),
+        num_gpus=1,
+        engine="hf",
+        engine_config=EngineConfig(
+            device="cuda", max_context_len=1024, max_batch_size=16, mem_fraction_static=fraction
+        ),
+    )
+
+
+def _greedy_requests() -> list[EngineRequest]:
+    g = torch.Generator().manual_seed(1)
+    sampling = SamplingParams(temperature=0.0, max_response_len=8).merged_over(DEFAULT_SAMPLING)
+    return [
+        EngineRequest(
+            sampling=sampling,
+            prompt_token_ids=torch.randint(10, 500, (24,), generator=g).tolist(),
+            return_tokens=True,
+        )
+        for _ in range(4)
+    ]
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_qwen3(tmp_path_factory.mktemp("qwen3-gpu"))
+
+
+@pytest.fixture
+async def engine(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HFEngine]:
+    # compiled layers cost ~15 s on the first batch; eager runs the same weights
+    monkeypatch.setenv("GENRM_HF_COMPILE", "0")
+    torch.cuda.empty_cache()
+    e = HFEngine(_spec(qwen3_dir, 0.3), "judge/0")
+    yield e
+    if e._host is not None and e.model is not None:
+        e._host.close()  # unpin the host buffers
+    await e.shutdown()
+    del e
+    torch.cuda.empty_cache()
+
+
+async def test_sleep_frees_the_weights_and_wake_gives_the_same_greedy_outputs(
+    engine: HFEngine,
+) -> None:
+    base = torch.cuda.memory_allocated()
+    await engine.start()
+    assert engine.device.type == "cuda" and engine.dtype == torch.bfloat16
+    weights = model_bytes(engine.model)
+    assert engine.memory_budget["weights_bytes"] == weights
+    assert weights > 300e6  # the real-size embedding is there
+    requests = _greedy_requests()
+    before = [o.token_ids for o in await engine.generate(requests)]
+    assert all(before)
+    # the baseline: greedy is repeatable awake (else the comparison after wake means nothing)
+    assert [o.token_ids for o in await engine.generate(requests)] == before
+    bits = {n: p.detach().cpu().clone() for n, p in engine.model.named_parameters()}
+    awake = torch.cuda.memory_allocated()
+    assert awake - base >= weights
+
+    await engine.sleep()
+    asleep = torch.cuda.memory_allocated()
+    assert engine.state == "asleep"
+    assert awake - asleep >= weights  # every weight left the GPU
+    assert asleep - base < 0.25 * weights, (base, awake, asleep, weights)
+    with pytest.raises(EngineAsleepError):
+        await engine.generate(requests)
+    with pytest.raises(EngineAsleepError):
+        await engine.update_weights({}, version=1)
+
+    await engine.wake()
+    assert engine.state == "awake"
+    assert torch.cuda.memory_allocated() - base >= weights
+    for n, p in engine.model.named_parameters():
+        assert p.device.type == "cuda", n
+        assert torch.equal(p.detach().cpu(), bits[n]), n
+    assert [o.token_ids for o in await engine.generate(requests)] == before
+
+    # a second round reuses the pinned host buffers of the first
+    assert engine._host is not None
+    name = next(iter(engine._host._buffers))
+    first = engine._host.buffer(name).data_ptr()
+    await engine.sleep()
+    assert engine._host.buffer(name).data_ptr() == first
+    await engine.wake()
+    assert [o.token_ids for o in await engine.generate(requests)] == before
+
+
+async def test_weights_larger_than_the_share_fail_the_start_naming_the_fraction(
+    qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A share of ≈ 128 MiB, whatever the GPU's size: less than the ≈ 0.4 GB of weights."""
+    monkeypatch.setenv("GENRM_HF_COMPILE", "0")
+    torch.cuda.empty_cache()
+    fraction = float(f"{(1 << 27) / torch.cuda.get_device_properties(0).total_memory:.2g}")
+    base = torch.cuda.memory_allocated()
+    engine = HFEngine(_spec(qwen3_dir, fraction), "judge/small-share")
+    named = rf"mem_fraction_static={re.escape(str(fraction))} .* weights alone take"
+    with pytest.raises(EngineError, match=named):
+        await engine.start()
+    assert engine.state != "awake"
+    # refused before the weights took device memory
+    assert torch.cuda.memory_allocated() == base
