@@ -56,21 +56,24 @@ def test_check_fits_names_every_short_resource(
 def test_standalone_needs_counts_every_engine_and_the_ingress() -> None:
     instances = build_instances(
         instances={
-            "q": {"model_path": "scripted", "num_gpus": 4, "num_gpus_per_engine": 2},
-            "s": {"model_path": "scripted", "num_gpus": 1},
+            "q": {"model_path": "/models/q", "num_gpus": 4, "num_gpus_per_engine": 2},
+            "s": {"model_path": "/models/s", "num_gpus": 1},
+            # the scripted engine computes on no GPU: it asks for none, also beside GPUs
+            "t": {"model_path": "scripted", "num_gpus": 1, "engine": "scripted"},
         },
-        engine="scripted",
+        engine="hf",
     )
     per, total = standalone_needs(
-        instances, with_gpus=True, engine_num_cpus=1.0, ingress_num_cpus=0.1
+        instances, cluster_has_gpus=True, engine_num_cpus=1.0, ingress_num_cpus=0.1
     )
     assert per["q"] == [{"CPU": 1.0, "GPU": 2.0}] * 2
     assert per["s"] == [{"CPU": 1.0, "GPU": 1.0}]
-    assert total == pytest.approx({"CPU": 3.1, "GPU": 5.0})
+    assert per["t"] == [{"CPU": 1.0}]
+    assert total == pytest.approx({"CPU": 4.1, "GPU": 5.0})
     _, cpu_only = standalone_needs(
-        instances, with_gpus=False, engine_num_cpus=0.5, ingress_num_cpus=0.1
+        instances, cluster_has_gpus=False, engine_num_cpus=0.5, ingress_num_cpus=0.1
     )
-    assert cpu_only == pytest.approx({"CPU": 1.6})
+    assert cpu_only == pytest.approx({"CPU": 2.1})
     assert sum_resources([]) == {}
 
 

@@ -35,7 +35,8 @@ def _unstarted(model_dir: Path, **engine_config: object) -> HFEngine:
         model_path=str(model_dir),
         num_gpus=1,
         engine="hf",
-        engine_config=EngineConfig(**engine_config),  # type: ignore[arg-type]
+        # CPU tests on any host (a GPU one too); the GPU paths: tests/test_gpu_engine.py
+        engine_config=EngineConfig(**{"device": "cpu", **engine_config}),  # type: ignore[arg-type]
     )
     return HFEngine(spec, "judge/0")
 

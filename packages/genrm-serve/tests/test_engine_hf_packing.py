@@ -25,7 +25,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HFEngine]:
         model_path=str(build_tiny_model(tmp_path_factory.mktemp("tiny"))),
         num_gpus=1,
         engine="hf",
-        engine_config=EngineConfig(max_batch_size=64),
+        # exact comparisons with plain transformers: fp32 on CPU on any host
+        engine_config=EngineConfig(max_batch_size=64, device="cpu", dtype="float32"),
     )
     eng = HFEngine(spec, "judge/0")
     asyncio.run(eng.start())
@@ -315,6 +316,7 @@ async def test_sliding_window_layers_match_plain_transformers(tmp_path: Path) ->
         model_path=str(_tiny_gemma3(tmp_path / "gemma")),
         num_gpus=1,
         engine="hf",
+        engine_config=EngineConfig(device="cpu", dtype="float32"),
     )
     gemma = HFEngine(spec, "judge/0")
     await gemma.start()

@@ -275,7 +275,13 @@ async def test_broadcast_sync_from_a_train_worker_into_the_hf_engine(tmp_path: A
     model = build_tiny_model(tmp_path / "policy")
     worker = TrainWorker("actor", 0, 1, str(model), BackendConfig(lr=1e-2), device="cpu")
     worker.backend = TorchHFBackend(model, worker.cfg)
-    spec = InstanceSpec(route_key="rollout", model_path=str(model), num_gpus=1, engine="hf")
+    spec = InstanceSpec(  # gloo: a CPU engine on any host (the NCCL path: test_gpu_weight_sync)
+        route_key="rollout",
+        model_path=str(model),
+        num_gpus=1,
+        engine="hf",
+        engine_config=EngineConfig(device="cpu"),
+    )
     engine = HFEngine(spec, "rollout/0")
     await engine.start()
     sync = BroadcastSync(

@@ -28,6 +28,9 @@ async def test_train_two_steps_from_flags(tmp_path, monkeypatch):
 
     # an authenticated service: rewards and the colocated sleep / wake must send the key
     monkeypatch.setenv("GENRM_API_KEY", "test-key-123")
+    # a machine without GPUs, whatever this host has: the local Ray counts none and the job
+    # computes on CPU (a GPU host's real layout: test_gpu_* and benchmarks/gpu_train.py)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
     model = build_tiny_model(tmp_path / "policy")
     train = _write(tmp_path / "train.jsonl", make_easy_math(8, seed=1, shots=1))
@@ -72,6 +75,8 @@ async def test_train_two_steps_from_flags(tmp_path, monkeypatch):
             "--run-dir",
             str(tmp_path / "run"),
             "--colocate",
+            "--device",
+            "cpu",
         ]
     )
     assert await run_training(cfg) == 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from genrm_serve.config import GenRMConfigError, InstanceSpec
-from genrm_serve.engine_refs import instance_bundles
+from genrm_serve.engine_refs import instance_bundles, needs_gpus
 
 __all__ = ["CapacityError", "check_fits", "standalone_needs", "sum_resources"]
 
@@ -62,16 +62,22 @@ def check_fits(
 def standalone_needs(
     instances: Mapping[str, InstanceSpec],
     *,
-    with_gpus: bool,
+    cluster_has_gpus: bool,
     engine_num_cpus: float,
     ingress_num_cpus: float,
 ) -> tuple[dict[str, list[dict[str, float]]], dict[str, float]]:
     """What ``genrm-serve run`` asks Ray for: each instance's bundles, and the sum of everything.
 
-    The sum includes the ingress replica's CPUs (Serve's controller and proxy ask for none).
+    An instance asks for GPUs by the same rule its engines do (:func:`needs_gpus`: a CPU or
+    scripted engine takes none, also on a cluster that has GPUs). The sum includes the ingress
+    replica's CPUs (Serve's controller and proxy ask for none).
     """
     per_instance = {
-        key: instance_bundles(spec, with_gpus=with_gpus, engine_num_cpus=engine_num_cpus)
+        key: instance_bundles(
+            spec,
+            with_gpus=needs_gpus(spec, cluster_has_gpus),
+            engine_num_cpus=engine_num_cpus,
+        )
         for key, spec in instances.items()
     }
     total = sum_resources(b for bundles in per_instance.values() for b in bundles)

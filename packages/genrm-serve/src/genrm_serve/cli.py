@@ -251,10 +251,9 @@ def _check_capacity(instances: dict[str, InstanceSpec], args: ServeArgs) -> None
         if node.get("Alive"):
             for name, amount in node.get("Resources", {}).items():
                 node_max[name] = max(node_max.get(name, 0.0), float(amount))
-    with_gpus = total.get("GPU", 0.0) > 0
     per_instance, needed = standalone_needs(
         instances,
-        with_gpus=with_gpus,
+        cluster_has_gpus=total.get("GPU", 0.0) > 0,
         engine_num_cpus=args.engine_num_cpus,
         ingress_num_cpus=args.ingress_num_cpus,
     )
@@ -262,7 +261,7 @@ def _check_capacity(instances: dict[str, InstanceSpec], args: ServeArgs) -> None
         f"{key!r}: {len(bundles)} engine(s) x {bundles[0] if bundles else {}}"
         for key, bundles in per_instance.items()
     )
-    if with_gpus:
+    if needed.get("GPU", 0.0) > 0:
         hint = (
             "Lower the instances' num_gpus (one engine per num_gpus_per_engine GPUs) or join a "
             "cluster with more GPUs ($RAY_ADDRESS)"
