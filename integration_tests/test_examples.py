@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -653,3 +654,15 @@ def test_cpu_twin_runs_one_step_through_the_script(
     judges = {a["role"] for a in report["actors"] if a["role"].startswith("genrm:")}
     expected = {"genrm:quality", "genrm:safety"} if script == DUAL else {"genrm:__default__"}
     assert judges == expected
+    # what rl-core's layout tests assert of their runs (this twin's layout is the split one's)
+    assert report["state_api"], "the layout was read without Ray's state API"
+    the_plan = parse_train_args(script_args(script, *TWIN_COMMON, *TWINS[script])).plan
+    roles = Counter(a["role"] for a in report["actors"])
+    want = {
+        r: len(p.bundles) for r, p in the_plan.roles.items() if r not in ("genrm", "advantages")
+    }
+    want["rollout"] = len(the_plan.engines_of("rollout"))
+    want |= {f"genrm:{k}": len(the_plan.engines_of("genrm", k)) for k in the_plan.judges}
+    assert dict(roles) == want
+    used = {(a["node_id"], g) for a in report["actors"] for g in a["gpu_ids"]}
+    assert len(used) == the_plan.num_gpus  # every GPU of the plan, by the plan's roles

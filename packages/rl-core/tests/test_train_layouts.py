@@ -105,12 +105,9 @@ DEFER = [
 ]
 
 LAYOUTS = {
-    "split-1-1": (
-        [*SPLIT, "--resource", '{"actor": [1, 2], "rollout": [1, 1], "genrm": [1, 1]}'],
-        1,
-        None,
-        "colocate-split",
-    ),
+    # colocate-split at this shape (actor 2 = rollout 1 + genrm 1) is the examples' colocated
+    # twin (integration_tests/test_examples.py), which asserts the same of its run through
+    # `ray job submit`; 2 colocated steps from flags: test_launch_e2e.py
     "shared-2-2": (
         [
             *SPLIT,
