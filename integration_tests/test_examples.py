@@ -246,10 +246,11 @@ def ray_cluster() -> Iterator[str]:
     cluster any process on the machine started last (seen: a job landing on another cluster).
 
     Its own dashboard-agent port: every Ray node's agent serves jobs on 52365 unless told
-    otherwise. With two dashboards on one machine the second agent cannot bind it, and this
-    cluster's job API then answers "No available agent to submit job", or hands the job to the
-    other cluster's agent, where the job runs and dies when that cluster stops ("the actor is
-    dead because its owner has died ... Owner's node has crashed").
+    otherwise. With another Ray on the machine holding that port, this agent cannot bind it
+    (its dashboard_agent.log: "address already in use ... HTTP service will be disabled") and
+    every job submitted here fails with "No available agent to submit job". The first job
+    submitted here was also once seen dying with "Owner's node has crashed" while another
+    suite's cluster shut down (not reproduced since; possibly the same collision).
     """
     os.environ["PATH"] = _env()["PATH"]  # Ray's processes (and so the jobs) inherit it
     import ray
