@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -238,30 +239,90 @@ def test_troubleshooting_genrm_not_enabled() -> None:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """A fresh local Ray with 8 logical GPUs; yields the dashboard's address.
+    """A fresh local Ray with 8 logical GPUs, ready for jobs; yields the dashboard's address.
 
     Its own temp dir: Ray's job supervisor gives a job the cluster named in
     ``<temp dir>/ray_current_cluster``, and under the shared ``/tmp/ray`` that is whichever
     cluster any process on the machine started last (seen: a job landing on another cluster).
+
+    Its own dashboard-agent port: every Ray node's agent serves jobs on 52365 unless told
+    otherwise. With another Ray on the machine holding that port, this agent cannot bind it
+    (its dashboard_agent.log: "address already in use ... HTTP service will be disabled") and
+    every job submitted here fails with "No available agent to submit job". The first job
+    submitted here was also once seen dying with "Owner's node has crashed" while another
+    suite's cluster shut down (not reproduced since; possibly the same collision).
     """
     os.environ["PATH"] = _env()["PATH"]  # Ray's processes (and so the jobs) inherit it
     import ray
+    from ray.cluster_utils import Cluster
 
     temp_dir = tempfile.mkdtemp(prefix="ray-ex-", dir="/tmp")  # short: socket paths ≤ 107
-    ctx = ray.init(
-        _temp_dir=temp_dir,
-        address="local",
-        num_cpus=16,  # logical: placement bundles reserve one each, not real cores
-        num_gpus=8,
-        include_dashboard=True,
-        dashboard_port=free_port(),
-        log_to_driver=False,
+    _CLUSTER_TEMP_DIR[:] = [temp_dir]
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "temp_dir": temp_dir,
+            "num_cpus": 16,  # logical: placement bundles reserve one each, not real cores
+            "num_gpus": 8,
+            "include_dashboard": True,
+            "dashboard_port": free_port(),
+            "dashboard_agent_listen_port": free_port(),
+        },
     )
     try:
-        yield f"http://{ctx.dashboard_url}"
+        ray.init(address=cluster.address, log_to_driver=False)
+        address = f"http://{cluster.webui_url}"
+        _wait_until_jobs_run(address, timeout_s=180)
+        yield address
     finally:
         ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        cluster.shutdown()
+        if not os.environ.get("GENRM_KEEP_RAY_LOGS"):
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _wait_until_jobs_run(address: str, timeout_s: float) -> None:
+    """Submit a no-op job until one succeeds, as a user would after ``ray start``: the job API
+    answers before the node's agent has registered ("No available agent to submit job")."""
+    import time
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            job = client.submit_job(entrypoint="true")
+            break
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED}:
+        assert time.monotonic() < deadline, f"the no-op job is still {status}"
+        time.sleep(0.5)
+    assert status == JobStatus.SUCCEEDED, client.get_job_logs(job)
+
+
+#: the module cluster's Ray temp dir (its session logs explain a job that died)
+_CLUSTER_TEMP_DIR: list[str] = []
+
+
+def _ray_log_excerpt(lines: int = 40) -> str:
+    """What Ray's GCS and raylet logged about deaths and failures, for a failed job's message."""
+    out = []
+    for log in sorted(Path(*_CLUSTER_TEMP_DIR).glob("session_*/logs/*")):
+        if log.name.startswith(("gcs_server", "raylet")) and log.suffix in (".out", ".err"):
+            text = log.read_text(errors="replace").splitlines()
+            hits = [
+                ln
+                for ln in text
+                if any(w in ln for w in ("dead", "died", "fail", "Fail"))
+                and "deadline_timer" not in ln
+                and "[state-dump]" not in ln
+            ]
+            out += [f"--- {log.name}", *hits[-lines:]]
+    return "\n".join(out)
 
 
 def _script(**kw: Any) -> str:
@@ -298,8 +359,8 @@ def _sample(answer: str, group_id: int = 0, index: int = 0) -> Any:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the first test also waits for Ray, the dashboard and the service
 class TestAgainstTheService:
-    """The judge service with scripted engines, in the module's cluster (stopped before the
-    twins run, which start their own)."""
+    """The judge service with scripted engines, in the module's cluster (Serve is shut down
+    before the twins run, whose jobs start their own)."""
 
     @pytest.fixture(scope="class")
     def service(self, ray_cluster: str) -> Iterator[str]:
@@ -560,11 +621,6 @@ def twin_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(
-    not os.environ.get("GENRM_EXAMPLE_TWINS"),
-    reason="opt-in (GENRM_EXAMPLE_TWINS=1): the first job submitted to a fresh cluster was seen "
-    "dying with 'owner's node crashed' on a loaded machine; not yet understood, kept out of CI",
-)
 @pytest.mark.parametrize("script", list(TWINS))
 def test_cpu_twin_runs_one_step_through_the_script(
     script: str, ray_cluster: str, twin_files: Path
@@ -588,7 +644,7 @@ def test_cpu_twin_runs_one_step_through_the_script(
         timeout=840,
     )
     log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
+    assert proc.returncode == 0, log[-6000:] + "\n" + _ray_log_excerpt()
     assert f"curl http://localhost:{port}/genrm/health" in proc.stdout
     assert f"judge service: http://127.0.0.1:{port}/genrm" in log
     assert [r["step"] for r in read_metrics(run_dir)] == [1]
@@ -599,3 +655,15 @@ def test_cpu_twin_runs_one_step_through_the_script(
     judges = {a["role"] for a in report["actors"] if a["role"].startswith("genrm:")}
     expected = {"genrm:quality", "genrm:safety"} if script == DUAL else {"genrm:__default__"}
     assert judges == expected
+    # what rl-core's layout tests assert of their runs (this twin's layout is the split one's)
+    assert report["state_api"], "the layout was read without Ray's state API"
+    the_plan = parse_train_args(script_args(script, *TWIN_COMMON, *TWINS[script])).plan
+    roles = Counter(a["role"] for a in report["actors"])
+    want = {
+        r: len(p.bundles) for r, p in the_plan.roles.items() if r not in ("genrm", "advantages")
+    }
+    want["rollout"] = len(the_plan.engines_of("rollout"))
+    want |= {f"genrm:{k}": len(the_plan.engines_of("genrm", k)) for k in the_plan.judges}
+    assert dict(roles) == want
+    used = {(a["node_id"], g) for a in report["actors"] for g in a["gpu_ids"]}
+    assert len(used) == the_plan.num_gpus  # every GPU of the plan, by the plan's roles

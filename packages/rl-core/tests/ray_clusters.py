@@ -7,6 +7,8 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 
+from genrm_serve.testing import free_port
+
 #: Per-node defaults: a node of 8 logical GPUs. Logical CPUs are a scheduling token, not cores.
 NODE: dict[str, Any] = {"num_cpus": 8, "num_gpus": 8}
 
@@ -22,6 +24,9 @@ def logical_gpu_cluster(*, dashboard: bool = False, **node: Any) -> Iterator[Clu
         head_node_args={
             **(node or NODE),
             "include_dashboard": dashboard,
+            # not the agent's default 52365: another cluster on the machine may hold it, and
+            # then this one's job and state requests go to (or fail at) that cluster's agent
+            "dashboard_agent_listen_port": free_port(),
             # no pool of idle workers started up front: the test machine has 2 real cores
             "_system_config": {
                 "prestart_worker_first_driver": False,
