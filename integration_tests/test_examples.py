@@ -269,6 +269,11 @@ def ray_cluster() -> Iterator[str]:
             "dashboard_agent_listen_port": free_port(),
         },
     )
+    # A job's driver finds its cluster through <temp_dir>/ray_current_cluster (Ray's job
+    # supervisor reads the file of its own temp dir; `ray start` writes it, this test cluster
+    # writes only the default temp dir's). Without it, with another Ray on the machine, the
+    # driver connected to that one ("cluster has 0 GPUs", or a node that was shutting down).
+    Path(temp_dir, "ray_current_cluster").write_text(cluster.address)
     try:
         ray.init(address=cluster.address, log_to_driver=False)
         address = f"http://{cluster.webui_url}"
