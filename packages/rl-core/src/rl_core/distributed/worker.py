@@ -105,6 +105,7 @@ class TrainWorker:
         self.backend: Any = None
         self._buckets: list[Any] = []  # the plan of the weight sync in progress
         self._ipc_bucket: torch.Tensor | None = None  # alive until its engines have copied it
+        self._sync_weights: dict[str, torch.Tensor] = {}  # what the sync in progress packs from
         self._weight_group: Any = None
 
     # --- set-up ----------------------------------------------------------------------------------
@@ -205,21 +206,24 @@ class TrainWorker:
     # --- weights on the device ------------------------------------------------------------------
 
     def weight_buckets(self, bucket_bytes: int, dtype: str = "bfloat16") -> list[Any]:
-        """Plan the next weight sync: the policy in flat buckets of ``bucket_bytes``."""
+        """Plan the next weight sync: the policy in flat buckets of ``bucket_bytes``.
+
+        The policy's engine-named weights are read once here and packed from for the rest of the
+        sync (Megatron's are re-split from its fused layout on each read, and all-gathered under
+        TP); nothing trains between the plan and the last bucket.
+        """
         from genrm_serve import plan_buckets
         from genrm_serve.engines.weights import dtype_from_name
 
-        self._buckets = plan_buckets(
-            self.backend.named_weights(), bucket_bytes, dtype_from_name(dtype)
-        )
+        named = self.backend.named_weights()
+        self._sync_weights = dict(named)
+        self._buckets = plan_buckets(named, bucket_bytes, dtype_from_name(dtype))
         return list(self._buckets)
 
     def _pack(self, index: int) -> torch.Tensor:
         from genrm_serve import pack_bucket
 
-        flat = pack_bucket(
-            self._buckets[index], dict(self.backend.named_weights()), device=self.device
-        )
+        flat = pack_bucket(self._buckets[index], self._sync_weights, device=self.device)
         if flat.device.type == "cuda":
             torch.cuda.synchronize()
         return flat
@@ -239,6 +243,7 @@ class TrainWorker:
 
     def release_ipc(self) -> None:
         self._ipc_bucket = None
+        self._sync_weights = {}
         if torch.cuda.is_available():
             torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]
             torch.cuda.empty_cache()
@@ -258,6 +263,7 @@ class TrainWorker:
             flat = self._pack(i)
             self._weight_group.broadcast(flat)
             del flat
+        self._sync_weights = {}
         return time.perf_counter() - t0
 
     # --- memory ----------------------------------------------------------------------------------

@@ -486,9 +486,10 @@ class MegatronBackend(TrainingBackend):
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The policy under HF names where it lives (the device; the host buffers while
         offloaded): the bucketed transfers' source, as the engines' models name their weights.
-        The fused QKV and gate / up projections are split anew on each call (views where they
-        can be, else device copies of one layer's size), so a sync sees the current weights.
-        With tensor parallelism every TP rank must call it: it all-gathers the shards."""
+        The fused projections are split anew on each call, so a sync sees the current weights:
+        without TP everything is a view of the parameters except q / k / v (their split is not
+        contiguous: copies of the attention weights). With TP every rank must call it (it
+        all-gathers the shards); a sync calls it once (``TrainWorker.weight_buckets``)."""
         hf = megatron_to_hf(
             self._megatron_shards(on_host=False), self.args, fused_norms=self._fused_norms
         )

@@ -121,6 +121,12 @@ def hf_to_megatron(
     return shards
 
 
+def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """``torch.cat`` of TP shards; one shard is returned as it is (a view, no copy): a weight
+    sync reads the policy through here on every sync."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
 def megatron_to_hf(
     shards: list[Tensors], args: MegatronModelArgs, *, fused_norms: bool = False
 ) -> Tensors:
@@ -134,7 +140,7 @@ def megatron_to_hf(
     for hf_name, mg_name in _replicated_pairs(args, fused_norms):
         hf[hf_name] = first[mg_name]
     for hf_name, mg_name, dim in _split_pairs(args):
-        hf[hf_name] = torch.cat([s[mg_name] for s in shards], dim)
+        hf[hf_name] = _joined([s[mg_name] for s in shards], dim)
     g, d, hpg = args.num_query_groups, args.head_dim, args.heads_per_group
     for i in range(args.num_layers):
         hf_l, mg_l = _HF_LAYER.format(i=i), _MG_LAYER.format(i=i)
@@ -142,14 +148,14 @@ def megatron_to_hf(
         for kind in kinds:
             parts = [s[f"{mg_l}self_attention.linear_qkv.{kind}"] for s in shards]
             rest = parts[0].shape[1:]
-            grouped = torch.cat([p.reshape(-1, (hpg + 2) * d, *rest) for p in parts], 0)
+            grouped = _joined([p.reshape(-1, (hpg + 2) * d, *rest) for p in parts], 0)
             q, k, v = torch.split(grouped, [hpg * d, d, d], dim=1)
             hf[f"{hf_l}self_attn.q_proj.{kind}"] = q.reshape(g * hpg * d, *rest)
             hf[f"{hf_l}self_attn.k_proj.{kind}"] = k.reshape(g * d, *rest)
             hf[f"{hf_l}self_attn.v_proj.{kind}"] = v.reshape(g * d, *rest)
         halves = [torch.chunk(s[mg_l + "mlp.linear_fc1.weight"], 2, 0) for s in shards]
-        hf[hf_l + "mlp.gate_proj.weight"] = torch.cat([h[0] for h in halves], 0)
-        hf[hf_l + "mlp.up_proj.weight"] = torch.cat([h[1] for h in halves], 0)
+        hf[hf_l + "mlp.gate_proj.weight"] = _joined([h[0] for h in halves], 0)
+        hf[hf_l + "mlp.up_proj.weight"] = _joined([h[1] for h in halves], 0)
     return hf
 
 
