@@ -36,46 +36,12 @@ import torch
 JUDGE_4B = {"layers": 36, "hidden": 2560, "mlp": 9728, "heads": 32, "kv_heads": 8}
 POLICY_06B = {"layers": 28, "hidden": 1024, "mlp": 3072, "heads": 16, "kv_heads": 8}
 QUICK = {"layers": 2, "hidden": 256, "mlp": 512, "heads": 4, "kv_heads": 2}
-VOCAB = 151_936
 GB = 1e9
 
 
 def gpu_used_gb() -> float:
     free, total = torch.cuda.mem_get_info()
     return (total - free) / GB
-
-
-def build_model(path: Path, shape: dict[str, int], *, vocab: int, seed: int) -> Path:
-    """A random-weight Qwen3 model of ``shape`` in bf16 with genrm-serve's tiny tokenizer."""
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    from genrm_serve.testing import build_tiny_tokenizer
-
-    tok = build_tiny_tokenizer(512)
-    eos = tok.convert_tokens_to_ids("<eos>")
-    cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=shape["hidden"],
-        intermediate_size=shape["mlp"],
-        num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"],
-        num_key_value_heads=shape["kv_heads"],
-        head_dim=128,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=eos,
-    )
-    torch.manual_seed(seed)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    del model
-    torch.cuda.empty_cache()
-    return path
 
 
 def prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -409,6 +375,8 @@ def main() -> None:
 
     import transformers
 
+    from genrm_serve.testing import build_random_qwen3
+
     work = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-handoff-"))
     judge_shape = QUICK if args.quick else JUDGE_4B
     policy_shape = QUICK if args.quick else POLICY_06B
@@ -420,8 +388,8 @@ def main() -> None:
         "command": "python benchmarks/gpu_handoff.py " + " ".join(sys.argv[1:]),
     }
     t0 = time.perf_counter()
-    judge = build_model(work / "judge", judge_shape, vocab=VOCAB, seed=0)
-    policy = build_model(work / "policy", policy_shape, vocab=VOCAB, seed=1)
+    judge = build_random_qwen3(work / "judge", **judge_shape, seed=0)
+    policy = build_random_qwen3(work / "policy", **policy_shape, seed=1)
     print(f"models built in {time.perf_counter() - t0:.1f}s", flush=True)
     res["judge"] = asyncio.run(judge_sleep_wake(judge, args.rounds, policy))
     print(json.dumps(res["judge"]), flush=True)

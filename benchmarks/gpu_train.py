@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_handoff import JUDGE_4B, POLICY_06B, QUICK, VOCAB, build_model
+from gpu_handoff import JUDGE_4B, POLICY_06B, QUICK
 
 RESOURCE = json.dumps({"actor": [1, 1], "rollout": [1, 1], "genrm": [1, 1]})
 
@@ -173,12 +173,14 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
 
+    from genrm_serve.testing import build_random_qwen3
+
     t0 = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
-    policy = build_model(
-        args.work / "policy", QUICK if args.quick else POLICY_06B, vocab=VOCAB, seed=1
+    policy = build_random_qwen3(
+        args.work / "policy", **(QUICK if args.quick else POLICY_06B), seed=1
     )
-    judge = build_model(args.work / "judge", QUICK if args.quick else JUDGE_4B, vocab=VOCAB, seed=2)
+    judge = build_random_qwen3(args.work / "judge", **(QUICK if args.quick else JUDGE_4B), seed=2)
     built = time.perf_counter() - t0
     doc: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(0),

@@ -20,42 +20,9 @@ from genrm_client.types import SamplingParams
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
 from genrm_serve.engines.base import EngineAsleepError, EngineError, EngineRequest
 from genrm_serve.engines.hf import HFEngine, model_bytes
-from genrm_serve.testing import build_tiny_tokenizer
+from genrm_serve.testing import build_random_qwen3
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
-
-VOCAB = 151_936
-
-
-def _build_qwen3(path: Path, seed: int = 0) -> Path:
-    """Random bf16 Qwen3 weights (built on the GPU: seconds) plus the tiny tokenizer."""
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    tok = build_tiny_tokenizer(512)
-    eos = tok.convert_tokens_to_ids("<eos>")
-    cfg = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=128,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=eos,
-    )
-    torch.manual_seed(seed)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    del model
-    torch.cuda.empty_cache()
-    return path
 
 
 def _spec(path: Path, fraction: float) -> InstanceSpec:
@@ -85,7 +52,9 @@ def _greedy_requests() -> list[EngineRequest]:
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build_qwen3(tmp_path_factory.mktemp("qwen3-gpu"))
+    return build_random_qwen3(
+        tmp_path_factory.mktemp("qwen3-gpu"), layers=4, hidden=1024, mlp=3072, heads=8, kv_heads=4
+    )
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 import torch
 from gpu_engine_process import engine_process
 
-from genrm_serve.testing import build_tiny_tokenizer, free_port
+from genrm_serve.testing import build_random_qwen3, free_port
 from rl_core.backends.base import BackendConfig, TrainItem
 from rl_core.backends.torch_hf import TorchHFBackend
 from rl_core.distributed.worker import TrainWorker
@@ -31,41 +31,9 @@ from rl_core.weight_sync import BroadcastSync, IpcSync
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-VOCAB = 151_936
 #: small enough that the policy goes in several buckets (the embedding alone is ≈ 78 MB)
 BUCKET_BYTES = 16 << 20
 REPLY_TIMEOUT_S = 240.0
-
-
-def _policy(path: Path) -> Path:
-    """A small random Qwen3 (2 layers × 256, Qwen3's vocabulary) with the tiny tokenizer."""
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    tok = build_tiny_tokenizer(512)
-    eos = tok.convert_tokens_to_ids("<eos>")
-    cfg = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        tie_word_embeddings=True,
-        max_position_embeddings=1024,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=eos,
-    )
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    del model
-    torch.cuda.empty_cache()
-    return path
 
 
 def _items() -> list[TrainItem]:
@@ -220,7 +188,17 @@ def _assert_serves_the_trainers_bf16_weights(
 
 @pytest.fixture(scope="module")
 def policy_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _policy(tmp_path_factory.mktemp("policy-gpu"))
+    # 2 layers × 256 with Qwen3's vocabulary: several buckets, seconds to build
+    return build_random_qwen3(
+        tmp_path_factory.mktemp("policy-gpu"),
+        layers=2,
+        hidden=256,
+        mlp=768,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        max_positions=1024,
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -32,6 +32,7 @@ __all__ = [
     "TINY_CHAT_TEMPLATE",
     "TINY_SPECIAL_TOKENS",
     "FakeSGLangEngine",
+    "build_random_qwen3",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "free_port",
@@ -131,6 +132,64 @@ def build_tiny_tokenizer(vocab: int = 512) -> Any:
     )
     fast.chat_template = TINY_CHAT_TEMPLATE
     return fast
+
+
+#: Qwen3's vocabulary size: random models of a real shape keep it (the embedding and the output
+#: layer are a large share of a small model's weights and of its logits' memory).
+QWEN3_VOCAB = 151_936
+
+
+def build_random_qwen3(
+    path: str | Path,
+    *,
+    layers: int,
+    hidden: int,
+    mlp: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int = 128,
+    vocab: int = QWEN3_VOCAB,
+    max_positions: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight Qwen3 of the given shape (bf16, tied embeddings) plus the tiny
+    tokenizer to ``path``: the stand-in for a real checkpoint on a GPU without a model hub.
+
+    Built on the GPU (seconds even at 4B; CPU init of a 4B model takes minutes), so it needs
+    CUDA. The tokenizer's 512 ids are a prefix of the vocabulary. Returns ``path``.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(path)
+    tok = build_tiny_tokenizer(512)
+    eos = tok.convert_tokens_to_ids("<eos>")
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        tie_word_embeddings=True,
+        max_position_embeddings=max_positions,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=eos,
+    )
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model: Any = Qwen3ForCausalLM(cfg)
+        model = model.to(torch.bfloat16)
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        eos_token_id=eos, pad_token_id=tok.pad_token_id
+    )
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    del model
+    torch.cuda.empty_cache()
+    return out
 
 
 def build_tiny_model(
