@@ -226,20 +226,32 @@ class MegatronBackend(TrainingBackend):
     # --- model -----------------------------------------------------------------------------------
 
     def _layer_spec(self) -> Any:
+        from rl_core.backends.megatron.residual import promoting_bias_dropout_add
+
         if self.parallel_impl == "transformer_engine":
             from megatron.core.models.gpt.gpt_layer_specs import (
                 get_gpt_layer_with_transformer_engine_spec,
             )
 
-            return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=self.args.qk_layernorm)
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+            spec = get_gpt_layer_with_transformer_engine_spec(
+                qk_layernorm=self.args.qk_layernorm
+            )
+        else:
+            from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        from rl_core.backends.megatron.attention import SDPACoreAttention
+            from rl_core.backends.megatron.attention import SDPACoreAttention
+            from rl_core.backends.megatron.norms import HFRMSNorm
 
-        spec = get_gpt_layer_local_spec(
-            qk_layernorm=self.args.qk_layernorm, normalization="RMSNorm"
-        )
-        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+            spec = get_gpt_layer_local_spec(
+                qk_layernorm=self.args.qk_layernorm, normalization="RMSNorm"
+            )
+            attention = spec.submodules.self_attention.submodules
+            attention.core_attention = SDPACoreAttention
+            if self.args.qk_layernorm:  # queries and keys enter RoPE in fp32 (see .norms)
+                attention.q_layernorm = attention.k_layernorm = HFRMSNorm
+        # the residual stream stays fp32 under autocast, as in transformers (see .residual)
+        spec.submodules.self_attn_bda = promoting_bias_dropout_add
+        spec.submodules.mlp_bda = promoting_bias_dropout_add
         return spec
 
     def _build_model(self, hf_state: dict[str, torch.Tensor]) -> Any:
