@@ -93,8 +93,38 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def write_profile(backend: TrainingBackend, items: list[TrainItem], device: str, out: Path) -> None:
+    """One more step under torch's profiler: the operators by device time, and how much of the
+    step's wall time the device was busy (host-bound steps show a low share)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        backend.train_step(items, old_logprobs=None)
+        sync(device)
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e6
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        f"wall {wall:.3f} s (profiled), device busy {busy:.3f} s\n"
+        + events.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=70)
+    )
+    print(f"profile of {out.stem}: wall {wall:.3f} s, device busy {busy:.3f} s -> {out}")
+
+
 def measure(
-    name: str, path: Path, cfg: BackendConfig, items: list[TrainItem], steps: int, device: str
+    name: str,
+    path: Path,
+    cfg: BackendConfig,
+    items: list[TrainItem],
+    steps: int,
+    device: str,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     backend = build(name, path, cfg, device)
     tokens = sum(len(it.tokens) for it in items)
@@ -109,6 +139,8 @@ def measure(
         sync(device)
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+    if profile is not None:
+        write_profile(backend, items, device, profile / f"{name}.txt")
     step_s = statistics.median(times)
     result = {
         "backend": name,
@@ -139,6 +171,7 @@ def main() -> None:
     p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     p.add_argument("--tiny", action="store_true", help="a 2-layer model (smoke run)")
     p.add_argument("--checkpoint", type=Path, help="reuse this HF folder instead of writing one")
+    p.add_argument("--profile", type=Path, help="write a profile of one more step per backend here")
     args = p.parse_args()
 
     shape = TINY if args.tiny else QWEN3_1_7B
@@ -154,7 +187,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = args.checkpoint or write_checkpoint(shape, Path(tmp) / "policy", args.device)
         results = [
-            measure(name, path, cfg, items, args.steps, args.device)
+            measure(name, path, cfg, items, args.steps, args.device, args.profile)
             for name in args.backends.split(",")
         ]
     print(f"{'backend':<10} {'step s':>8} {'tokens/s':>10} {'peak GiB':>9} {'loss':>10}")

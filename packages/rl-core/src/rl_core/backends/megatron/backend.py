@@ -233,9 +233,7 @@ class MegatronBackend(TrainingBackend):
                 get_gpt_layer_with_transformer_engine_spec,
             )
 
-            spec = get_gpt_layer_with_transformer_engine_spec(
-                qk_layernorm=self.args.qk_layernorm
-            )
+            spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=self.args.qk_layernorm)
         else:
             from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
