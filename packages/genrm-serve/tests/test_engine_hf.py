@@ -35,8 +35,12 @@ def _unstarted(model_dir: Path, **engine_config: object) -> HFEngine:
         model_path=str(model_dir),
         num_gpus=1,
         engine="hf",
-        # CPU tests on any host (a GPU one too); the GPU paths: tests/test_gpu_engine.py
-        engine_config=EngineConfig(**{"device": "cpu", **engine_config}),  # type: ignore[arg-type]
+        # CPU tests on any host (a GPU one too), in fp32: on a CPU with native bf16 "auto" is
+        # bf16, whose rounding would differ between a packed batch and a row alone. The GPU
+        # paths: tests/test_gpu_engine.py
+        engine_config=EngineConfig(  # type: ignore[arg-type]
+            **{"device": "cpu", "dtype": "float32", **engine_config}
+        ),
     )
     return HFEngine(spec, "judge/0")
 

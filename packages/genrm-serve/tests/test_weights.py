@@ -125,7 +125,9 @@ def test_broadcast_puts_the_trainers_weights_into_the_engine(tiny_dir: Path) -> 
     port = free_port()
 
     async def run() -> HFEngine:
-        engine = HFEngine(_spec(tiny_dir, device="cpu"), "rollout/0")  # gloo: CPU on any host
+        engine = HFEngine(
+            _spec(tiny_dir, device="cpu", dtype="float32"), "rollout/0"
+        )  # gloo: CPU, any host
         await engine.start()
         before = dict(engine.model.named_parameters())
         assert not torch.equal(

@@ -280,7 +280,7 @@ async def test_broadcast_sync_from_a_train_worker_into_the_hf_engine(tmp_path: A
         model_path=str(model),
         num_gpus=1,
         engine="hf",
-        engine_config=EngineConfig(device="cpu"),
+        engine_config=EngineConfig(device="cpu", dtype="float32"),  # compared exactly
     )
     engine = HFEngine(spec, "rollout/0")
     await engine.start()
