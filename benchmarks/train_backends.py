@@ -65,11 +65,18 @@ def write_checkpoint(shape: dict[str, Any], path: Path, device: str) -> Path:
     return path
 
 
-def make_batch(n: int, length: int, prompt: int, vocab: int) -> list[TrainItem]:
+def make_batch(
+    n: int, length: int, prompt: int, vocab: int, ragged: bool = False
+) -> list[TrainItem]:
+    """``n`` sequences of ``length`` tokens, or with ``ragged`` of lengths spread evenly from
+    ``length / 4`` to ``length`` (as RL responses are: the torch backend pads to the longest)."""
     g = torch.Generator().manual_seed(1)
+    lengths = [length] * n
+    if ragged:
+        lengths = [length // 4 + (length - length // 4) * i // max(1, n - 1) for i in range(n)]
     return [
         TrainItem(
-            tokens=torch.randint(0, vocab, (length,), generator=g).tolist(),
+            tokens=torch.randint(0, vocab, (lengths[i],), generator=g).tolist(),
             response_start=prompt,
             advantage=1.0 if i % 2 else -1.0,
             in_loss=True,
@@ -170,6 +177,7 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     p.add_argument("--tiny", action="store_true", help="a 2-layer model (smoke run)")
+    p.add_argument("--ragged", action="store_true", help="lengths from seq-len / 4 to seq-len")
     p.add_argument("--checkpoint", type=Path, help="reuse this HF folder instead of writing one")
     p.add_argument("--profile", type=Path, help="write a profile of one more step per backend here")
     args = p.parse_args()
@@ -183,7 +191,9 @@ def main() -> None:
         max_tokens_per_micro_batch=args.max_tokens_per_gpu,
         logprob_chunk_size=1024 if bf16 else 256,
     )
-    items = make_batch(args.batch, args.seq_len, args.prompt_len, shape["vocab_size"])
+    items = make_batch(
+        args.batch, args.seq_len, args.prompt_len, shape["vocab_size"], ragged=args.ragged
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = args.checkpoint or write_checkpoint(shape, Path(tmp) / "policy", args.device)
         results = [
@@ -201,7 +211,8 @@ def main() -> None:
     if "torch" in by and "megatron" in by:
         ratio = by["megatron"]["tokens_per_s"] / by["torch"]["tokens_per_s"]
         print(f"megatron / torch tokens/s: {ratio:.2f}x")
-    print(json.dumps({"shape": "tiny" if args.tiny else "qwen3-1.7b", "results": results}))
+    shape_name = "tiny" if args.tiny else "qwen3-1.7b"
+    print(json.dumps({"shape": shape_name, "ragged": args.ragged, "results": results}))
 
 
 if __name__ == "__main__":

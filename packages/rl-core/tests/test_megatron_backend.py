@@ -94,6 +94,20 @@ def test_logprobs_equal_the_torch_backend(which, temperature, megatron, request)
         torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
 
 
+def test_a_pack_of_equal_lengths_attends_within_each_sequence(qwen3_path, megatron):
+    """Three 4-token sequences in one pack take the batched attention path (one call for the
+    pack): each still sees only itself, as the torch backend's padded batch does."""
+    items = [
+        TrainItem(tokens=[1, 5 + i, 6, 7 + i], response_start=2, advantage=1.0, in_loss=True)
+        for i in range(3)
+    ]
+    cfg = BackendConfig(max_tokens_per_micro_batch=12)
+    want = TorchHFBackend(qwen3_path, cfg).logprobs(items)
+    got = megatron(qwen3_path, cfg).logprobs(items)
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, atol=2e-6, rtol=0)
+
+
 def test_bf16_autocast_logprobs_equal_the_torch_backend(qwen3_path, megatron):
     """Under bf16 autocast (fp32 masters) both backends round at the same places — an fp32
     residual stream, queries and keys normalised into fp32 before RoPE — so on one device, with

@@ -73,6 +73,21 @@ class SDPACoreAttention(MegatronModule):  # type: ignore[misc]
             enable_gqa=q.shape[1] != k.shape[1],
         )
 
+    def _equal_lengths(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Any
+    ) -> torch.Tensor | None:
+        """A pack of sequences that are all one length is a plain batch: one batched SDPA call
+        (on a GPU, cuDNN's attention, faster than the varlen flash kernel), or None."""
+        bounds = packed.cu_seqlens_q
+        n = len(bounds) - 1
+        if n < 1 or bounds.is_cuda or q.shape[0] % n:
+            return None
+        length = q.shape[0] // n
+        if not torch.equal(bounds, torch.arange(0, q.shape[0] + 1, length, dtype=bounds.dtype)):
+            return None
+        q, k, v = (x.reshape(n, length, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
+        return self._sdpa(q, k, v).transpose(1, 2).reshape(n * length, -1, q.shape[-1])
+
     def _varlen(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Any
     ) -> torch.Tensor | None:
@@ -119,7 +134,9 @@ class SDPACoreAttention(MegatronModule):  # type: ignore[misc]
         if attention_bias is not None:
             raise ValueError("SDPACoreAttention does not support an attention bias")
         if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
-            out = self._varlen(query, key, value, packed_seq_params)
+            out = self._equal_lengths(query, key, value, packed_seq_params)
+            if out is None:
+                out = self._varlen(query, key, value, packed_seq_params)
             if out is not None:
                 return out.reshape(out.shape[0], -1)
             # [t, heads, d]; one causal call per sequence of the pack.

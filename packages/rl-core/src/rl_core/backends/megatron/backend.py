@@ -145,6 +145,25 @@ def _cpu_device_redirect(device: torch.device) -> Iterator[None]:
         yield
 
 
+def _sum_of_squares(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Σ‖g‖² in fp32 over ``grads``, one fused norm kernel per dtype group (no temporaries)."""
+    if not grads:
+        return torch.zeros((), device=device)
+    norms = torch._foreach_norm([g.detach() for g in grads])
+    return torch.stack([n.float() for n in norms]).pow(2).sum()
+
+
+def _packed_positions(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """Every token's position in its own sequence, for RoPE tables indexed by packed token.
+
+    Given a table as long as the pack, Megatron's THD RoPE rotates the whole pack in one call
+    (its per-sequence path splits the queries and keys, rotates and copies each piece back, in
+    every layer); each sequence's slice of the table starts at position 0, as the per-sequence
+    path would have it.
+    """
+    return torch.cat([torch.arange(n) for n in lengths]).to(device)
+
+
 class MegatronBackend(TrainingBackend):
     """A Megatron-core GPT policy (plus, with a non-zero KL coefficient, its frozen reference)."""
 
@@ -321,6 +340,8 @@ class MegatronBackend(TrainingBackend):
         with _cpu_device_redirect(self.device), self._autocast():
             emb = model.embedding(input_ids=ids, position_ids=None)  # [t(/tp), 1, h]
             rope = model.rotary_pos_emb(max(lengths), packed_seq=True)
+            if self.parallel_impl == "local":
+                rope = rope[_packed_positions(lengths, rope.device)]
             hidden = model.decoder(
                 hidden_states=emb,
                 attention_mask=None,
@@ -445,23 +466,19 @@ class MegatronBackend(TrainingBackend):
         partial = [p.grad for n, p in named if self._tp_partial(n, p)]
         if partial:
             _all_reduce_coalesced(partial, self.tp_group)
-        sharded = torch.zeros((), device=self.device)
-        replicated = torch.zeros((), device=self.device)
-        for n, p in named:
-            sq = p.grad.detach().float().pow(2).sum()
-            # by name, not Megatron's ``tensor_model_parallel`` attribute: that one is only set
-            # by its weight initialisation, which a model loaded from HF weights skips
-            if megatron_param_kinds(n) != "replicated":
-                sharded += sq
-            else:
-                replicated += sq
+        # by name, not Megatron's ``tensor_model_parallel`` attribute: that one is only set by
+        # its weight initialisation, which a model loaded from HF weights skips
+        split = [megatron_param_kinds(n) != "replicated" for n, _ in named]
+        grads = [p.grad for p in params]
+        sharded = _sum_of_squares([g for g, s in zip(grads, split, strict=True) if s], self.device)
+        replicated = _sum_of_squares(
+            [g for g, s in zip(grads, split, strict=True) if not s], self.device
+        )
         if self.tp_size > 1:
             dist.all_reduce(sharded, group=self.tp_group)
         norm = float((sharded + replicated).sqrt())
         if math.isfinite(norm) and norm > self.cfg.clip_grad:
-            scale = self.cfg.clip_grad / (norm + 1e-6)
-            for p in params:
-                p.grad.mul_(scale)
+            torch._foreach_mul_([p.grad for p in params], self.cfg.clip_grad / (norm + 1e-6))
         return norm
 
     # --- weights, memory, checkpoints -----------------------------------------------------------
