@@ -60,7 +60,7 @@ def requests(ids: list[list[int]], new_tokens: int) -> list[Any]:
     return [EngineRequest(sampling=sampling, prompt_token_ids=p, return_tokens=True) for p in ids]
 
 
-def engine_spec(path: Path, fraction: float | None) -> Any:
+def engine_spec(path: Path, fraction: float | None, sleep_buffers: str = "first_sleep") -> Any:
     from genrm_serve.config import EngineConfig, InstanceSpec
 
     return InstanceSpec(
@@ -69,7 +69,10 @@ def engine_spec(path: Path, fraction: float | None) -> Any:
         num_gpus=1,
         engine="hf",
         engine_config=EngineConfig(
-            max_batch_size=64, max_context_len=4096, mem_fraction_static=fraction
+            max_batch_size=64,
+            max_context_len=4096,
+            mem_fraction_static=fraction,
+            sleep_buffers=sleep_buffers,  # type: ignore[arg-type]
         ),
     )
 
@@ -91,7 +94,9 @@ def weight_fingerprint(model: Any, *, params_only: bool = False) -> list[int]:
 # --- 1. judge sleep / wake ----------------------------------------------------------------------
 
 
-async def judge_sleep_wake(path: Path, rounds: int, small: Path) -> dict[str, Any]:
+async def judge_sleep_wake(
+    path: Path, rounds: int, small: Path, sleep_buffers: str = "first_sleep"
+) -> dict[str, Any]:
     from genrm_serve.engines.base import EngineError
     from genrm_serve.engines.hf import HFEngine
 
@@ -104,7 +109,8 @@ async def judge_sleep_wake(path: Path, rounds: int, small: Path) -> dict[str, An
     torch.cuda.empty_cache()
 
     base = gpu_used_gb()
-    engine = HFEngine(engine_spec(path, 0.3), "bench/0")
+    engine = HFEngine(engine_spec(path, 0.3, sleep_buffers), "bench/0")
+    out["sleep_buffers"] = sleep_buffers
     t0 = time.perf_counter()
     await engine.start()
     out["load_s"] = time.perf_counter() - t0
@@ -415,6 +421,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--parts", default="judge,offload,ipc", help="which of the three to run")
+    ap.add_argument(
+        "--sleep-buffers",
+        default="first_sleep",
+        choices=["first_sleep", "start"],
+        help="the judge engine's engine_config.sleep_buffers (start: as rl-core's colocated ones)",
+    )
     args = ap.parse_args()
     import sys
 
@@ -438,7 +450,7 @@ def main() -> None:
     print(f"models built in {time.perf_counter() - t0:.1f}s", flush=True)
     parts = args.parts.split(",")
     if "judge" in parts:
-        res["judge"] = asyncio.run(judge_sleep_wake(judge, args.rounds, policy))
+        res["judge"] = asyncio.run(judge_sleep_wake(judge, args.rounds, policy, args.sleep_buffers))
         print(json.dumps(res["judge"]), flush=True)
     backend = trainer_backend(policy)
     if "offload" in parts:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,14 +26,18 @@ from genrm_serve.testing import build_random_qwen3
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
-def _spec(path: Path, fraction: float) -> InstanceSpec:
+def _spec(path: Path, fraction: float, **cfg: Any) -> InstanceSpec:
     return InstanceSpec(
         route_key="judge",
         model_path=str(path),
         num_gpus=1,
         engine="hf",
         engine_config=EngineConfig(
-            device="cuda", max_context_len=1024, max_batch_size=16, mem_fraction_static=fraction
+            device="cuda",
+            max_context_len=1024,
+            max_batch_size=16,
+            mem_fraction_static=fraction,
+            **cfg,
         ),
     )
 
@@ -132,3 +137,26 @@ async def test_weights_larger_than_the_share_fail_the_start_naming_the_fraction(
     assert engine.state != "awake"
     # refused before the weights took device memory
     assert torch.cuda.memory_allocated() == base
+
+
+async def test_buffers_reserved_at_start_are_where_the_first_sleep_goes(
+    qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sleep_buffers="start"`` (what rl-core asks of colocated engines): the pinned host
+    buffers exist once the engine has loaded, and the first sleep copies into them."""
+    monkeypatch.setenv("GENRM_HF_COMPILE", "0")
+    e = HFEngine(_spec(qwen3_dir, 0.3, sleep_buffers="start"), "judge/0")
+    await e.start()
+    try:
+        assert e._host is not None and e._host.host_bytes >= model_bytes(e.model)
+        reserved = {n: e._host.buffer(n).data_ptr() for n in e._host._buffers}
+        await e.sleep()
+        assert {n: e._host.buffer(n).data_ptr() for n in reserved} == reserved
+        assert e._host.host_bytes == sum(
+            s.flat.numel() * s.flat.element_size() for s in e._host._slabs
+        )
+        await e.wake()
+    finally:
+        e._host.close()
+        await e.shutdown()
+        torch.cuda.empty_cache()

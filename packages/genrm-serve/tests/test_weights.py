@@ -75,6 +75,19 @@ def test_offload_reuses_the_same_host_buffers_every_step(tiny_dir: Path) -> None
     assert host.host_bytes == sum(t.numel() * t.element_size() for t in tensors().values())
 
 
+def test_reserve_allocates_the_buffers_the_first_offload_then_uses() -> None:
+    t = {"w": torch.arange(6.0), "b": torch.ones(3)}
+    host = HostOffloader(lambda: t, pin=False, include_cpu=True)
+    host.reserve()
+    assert not host.offloaded and host.host_bytes == 9 * 4
+    reserved = {n: host.buffer(n).data_ptr() for n in t}
+    assert all(t[n].data_ptr() != reserved[n] for n in t)  # nothing moved
+    host.offload()
+    assert {n: t[n].data_ptr() for n in t} == reserved  # the live tensors are those buffers
+    torch.testing.assert_close(t["w"], torch.arange(6.0), rtol=0, atol=0)
+    assert host.host_bytes == 9 * 4  # no second allocation
+
+
 def test_offload_refuses_a_tensor_that_changed_shape() -> None:
     t = {"w": torch.zeros(4)}
     host = HostOffloader(lambda: t, pin=False, include_cpu=True)

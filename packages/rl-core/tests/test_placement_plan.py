@@ -166,6 +166,16 @@ def test_split_16_gpus_with_an_8_gpu_judge_engine_on_the_second_node() -> None:
     assert p.roles["actor"].bundles == R16
 
 
+def test_engines_that_sleep_are_those_the_phases_put_to_sleep() -> None:
+    """Colocated engines sleep (the actor takes their GPUs back), so they reserve host buffers
+    at start; fully-async engines keep their GPUs and must not hold a host copy."""
+    for layout in (SHARED_8, ASYNC_8):
+        p = plan(layout)
+        colocated = p.mode.startswith("colocate")
+        assert p.sleeps("rollout") is colocated, p.mode
+        assert p.sleeps("genrm:__default__") is colocated, p.mode
+
+
 def test_fully_async_every_role_its_own_group() -> None:
     p = plan(ASYNC_8)
     assert p.mode == "fully-async" and p.phases_overlap

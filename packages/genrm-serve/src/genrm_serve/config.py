@@ -62,6 +62,11 @@ class EngineConfig(BaseModel):
     ep_size: int = Field(default=1, gt=0)
     #: Fraction of each GPU the engine may take; None = the engine's own default.
     mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
+    #: hf engine on a GPU: when the host buffers that a sleeping engine's weights move to are
+    #: allocated and pinned. "first_sleep": then (an engine that never sleeps holds no host
+    #: copy; the first sleep pays the pinning, seconds for a few GB). "start": right after the
+    #: weights load, so every sleep is a copy only (what a colocated engine wants).
+    sleep_buffers: Literal["first_sleep", "start"] = "first_sleep"
     #: Largest number of requests the engine batches into one forward pass.
     max_batch_size: int = Field(default=32, gt=0)
     #: Requests waiting per instance beyond which the service answers 429.

@@ -186,15 +186,23 @@ def resolve_rollout_engine(cfg: TrainConfig) -> str:
 
 
 def _engine_spec(
-    spec: InstanceSpec, device: str, mem_fraction_static: float | None = None
+    spec: InstanceSpec,
+    device: str,
+    mem_fraction_static: float | None = None,
+    *,
+    sleeps: bool = False,
 ) -> InstanceSpec:
     """The spec an engine starts with: ``--device cpu`` computes on CPU whatever bundle the
-    engine sits in, and the plan's memory fraction (e.g. defer-swap's default) is applied."""
+    engine sits in, the plan's memory fraction (e.g. defer-swap's default) is applied, and an
+    engine the plan puts to sleep allocates its host buffers at start (so its first sleep is a
+    copy, like every later one)."""
     update: dict[str, Any] = {}
     if device != "auto":
         update["device"] = device
     if mem_fraction_static is not None:
         update["mem_fraction_static"] = mem_fraction_static
+    if sleeps:
+        update["sleep_buffers"] = "start"
     if not update:
         return spec
     return spec.model_copy(update={"engine_config": spec.engine_config.model_copy(update=update)})
@@ -216,7 +224,12 @@ def rollout_spec(cfg: TrainConfig, policy_path: str, engine: str) -> InstanceSpe
             max_context_len=(cfg.rollout_max_prompt_len or 4096) + cfg.rollout_max_response_len,
         ),
     )
-    return _engine_spec(spec, cfg.device, engines[0].mem_fraction_static if engines else None)
+    return _engine_spec(
+        spec,
+        cfg.device,
+        engines[0].mem_fraction_static if engines else None,
+        sleeps=plan.sleeps("rollout"),
+    )
 
 
 async def start_rollout_engines(
@@ -349,7 +362,12 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         if cfg.genrm_enabled:
             t0 = time.perf_counter()
             instances = {
-                k: _engine_spec(s, cfg.device, plan.judges[k].mem_fraction_static)
+                k: _engine_spec(
+                    s,
+                    cfg.device,
+                    plan.judges[k].mem_fraction_static,
+                    sleeps=plan.sleeps(f"genrm:{k}"),
+                )
                 for k, s in cfg.genrm_instances.items()
             }
             url, judge_actors = await start_judge_service(

@@ -264,6 +264,9 @@ class HFEngine(Engine):
         )
         tok = self.prompts.tokenizer
         self.model = self._load_model(self.model_dir)
+        if self.device.type == "cuda" and cfg.sleep_buffers == "start":
+            self._host = HostOffloader(self._engine_tensors)
+            self._host.reserve()  # pinned now: the first sleep is a copy like every later one
         eos: set[int] = set()
         for source in (self.model.generation_config.eos_token_id, tok.eos_token_id):
             if isinstance(source, int):

@@ -134,14 +134,22 @@ class HostOffloader:
                 self._buffers[name] = flat[offset : offset + t.numel()].view(t.shape)
                 offset += t.numel()
 
+    def _moving(self) -> dict[str, torch.Tensor]:
+        return {
+            n: t for n, t in self._tensors().items() if self.include_cpu or t.device.type != "cpu"
+        }
+
+    def reserve(self) -> None:
+        """Allocate (and pin) the buffers of what would move now, moving nothing: the next
+        offload is then a copy only. Names already reserved keep their buffers."""
+        self._allocate({n: t for n, t in self._moving().items() if n not in self._buffers})
+
     def offload(self) -> None:
         """Device → host buffers; device memory released."""
         if self.offloaded:
             return
         t0 = time.perf_counter()
-        moving = {
-            n: t for n, t in self._tensors().items() if self.include_cpu or t.device.type != "cpu"
-        }
+        moving = self._moving()
         stale = [
             n
             for n, t in moving.items()

@@ -230,6 +230,13 @@ class PlacementPlan(_Frozen):
                 return g
         raise KeyError(f"no placement group {name!r} in the plan ({[g.name for g in self.groups]})")
 
+    def sleeps(self, who: str) -> bool:
+        """Whether ``who`` (``rollout``, ``genrm:<route_key>``, ``actor``...) is asleep in some
+        phase: its engines then keep host buffers for their weights from the start."""
+        return any(
+            a.who == who and a.state == "asleep" for ph in self.phases for a in ph.activities
+        )
+
     def engines_of(self, role: str, instance: str | None = None) -> tuple[EnginePlacement, ...]:
         return tuple(e for e in self.engines if e.role == role and e.instance == instance)
 
