@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rl_core.placement.realize import RealizedPlacement
 
@@ -55,7 +55,7 @@ def read_state_api() -> StateView | None:
     try:
         import ray
         from ray.util.state import StateApiClient
-        from ray.util.state.common import ListApiOptions, StateResource
+        from ray.util.state.common import ActorState, ListApiOptions, StateResource
 
         ctx = ray.get_runtime_context()
         client = StateApiClient(address=ctx.gcs_address)
@@ -66,10 +66,13 @@ def read_state_api() -> StateView | None:
         )
         if not mine:  # another cluster's dashboard answered
             return None
-        actors = client.list(
-            StateResource.ACTORS,
-            options=ListApiOptions(detail=True, limit=10_000),
-            raise_on_missing_output=False,
+        actors = cast(
+            list[ActorState],
+            client.list(
+                StateResource.ACTORS,
+                options=ListApiOptions(detail=True, limit=10_000),
+                raise_on_missing_output=False,
+            ),
         )
         job_id = ctx.get_job_id()
     except Exception:  # no dashboard on this cluster: the actors' own reports stand alone
