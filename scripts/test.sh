@@ -13,4 +13,8 @@ UV=(python3 -m uv run --frozen --no-sync)
 "${UV[@]}" ruff format --check .
 "${UV[@]}" mypy packages/genrm-client/src
 "${UV[@]}" mypy packages/genrm-serve/src packages/rewards/src packages/rl-core/src
-"${UV[@]}" pytest "$@"
+# Two processes (pytest-xdist), one test file each at a time: most of a Ray-based test is waiting
+# (cluster start, engine start-up, HTTP), so two files overlap on 2 cores. A file stays in one
+# process, so its module fixtures (a Ray cluster, a served model) are built once.
+# GENRM_TEST_WORKERS=N for another count; `bash scripts/test.sh -n 0` runs in one process.
+"${UV[@]}" pytest -n "${GENRM_TEST_WORKERS:-2}" --dist loadfile "$@"

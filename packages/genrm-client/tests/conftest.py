@@ -214,9 +214,12 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No GENRM_* from the developer's shell leaks in; no singleton leaks out."""
+    """No GENRM_* from the developer's shell leaks in; no singleton leaks in or out (another
+    package's tests in the same process, e.g. a pytest-xdist worker's earlier file, may have
+    left one for a service that is gone)."""
     for name in ("GENRM_URL", "GENRM_TIMEOUT_S", "GENRM_MAX_RETRIES", "GENRM_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("GENRM_MAX_CONNECTIONS", raising=False)
+    asyncio.run(close_genrm_clients())
     yield
     asyncio.run(close_genrm_clients())

@@ -10,7 +10,8 @@ roles except through the plan's fractional shares.
 
 Each mode at its smallest layout that fills the node: every process of a run (trainer rank, engine)
 costs seconds of the 2 CPU cores, and the 8- and 16-GPU shapes of the original's scripts are
-placed, without training, by test_placement_ray.py.
+placed, without training, by test_placement_ray.py. The last test checks that the state API view
+is the run's own (its cluster's, its job's pending actors) beside another job and another cluster.
 """
 
 from __future__ import annotations
@@ -206,3 +207,100 @@ async def test_two_nodes_fully_async(cluster: Cluster, files: dict[str, Path]) -
     assert len({n for ns in nodes.values() for n in ns}) == 2  # both nodes hold roles
     used = {(a["node_id"], g) for a in report["actors"] for g in a["gpu_ids"]}
     assert len(used) == 6  # every GPU of both nodes, each by one role (checked above)
+
+
+# --- the state API view is this run's own: its cluster, its job ---------------------------------
+
+_ANOTHER_JOB = """
+import sys
+import ray
+
+ray.init(address=sys.argv[1], namespace="another-job", log_to_driver=False)
+
+
+@ray.remote(num_cpus=0, resources={"nobody-has-this": 1})
+class Waits:
+    pass
+
+
+print(Waits.options(name="waits", lifetime="detached").remote()._actor_id.hex())
+"""
+
+_ANOTHER_CLUSTER = """
+import json
+import sys
+import ray
+from ray import ray_constants
+from ray.experimental import internal_kv
+from ray.util.state import list_actors
+
+from rl_core.layout import read_state_api
+
+# a Ray without the dashboard, as `rl-core train` starts one; Ray records an API server address
+# for it all the same, which here is the other cluster's dashboard (the case of two clusters
+# on one machine, that one's dashboard on Ray's default port)
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+internal_kv._internal_kv_put(
+    ray_constants.DASHBOARD_ADDRESS, sys.argv[1], namespace=ray_constants.KV_NAMESPACE_DASHBOARD
+)
+gcs = ray.get_runtime_context().gcs_address
+plain = [a.name for a in list_actors(address=gcs, raise_on_missing_output=False)]
+print(json.dumps({"plain_list_actors": plain, "view": read_state_api() is not None}))
+"""
+
+
+def test_the_state_view_is_this_runs_cluster_and_job(cluster: Cluster) -> None:
+    """On a cluster shared with another job, that job's pending actor is not this run's problem
+    (this run's own pending actor is); and a Ray whose recorded API server is another cluster's
+    dashboard has no state view, rather than that cluster's actors."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import ray
+    from ray import ray_constants
+    from ray.experimental import internal_kv
+
+    from rl_core.layout import read_state_api
+
+    def python(script: str, *args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", script, *args],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=os.environ | {"RAY_ADDRESS": ""},
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    @ray.remote(num_cpus=0, resources={"nobody-has-this": 1})
+    class Waits:
+        pass
+
+    theirs = python(_ANOTHER_JOB, cluster.address)
+    own = Waits.remote()
+    mine = own._actor_id.hex()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            view = read_state_api()
+            assert view is not None, "the test cluster runs the dashboard: a view was expected"
+            if {mine, theirs} <= view.actors.keys() or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert view.actors[theirs].state == "PENDING_CREATION"  # seen, and waiting
+        assert theirs not in view.pending
+        assert mine in view.pending
+
+        dashboard = internal_kv._internal_kv_get(
+            ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD
+        ).decode()
+        seen = json.loads(python(_ANOTHER_CLUSTER, dashboard))
+        # what a plain list_actors(address=<its own GCS>) answered there: this cluster's actors
+        assert "waits" in seen["plain_list_actors"]
+        assert seen["view"] is False
+    finally:
+        ray.kill(own)
+        ray.kill(ray.get_actor("waits", namespace="another-job"))

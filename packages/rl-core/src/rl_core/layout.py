@@ -13,8 +13,9 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rl_core.placement.realize import RealizedPlacement
 
@@ -28,21 +29,58 @@ def _actor_id(handle: Any) -> str:
     return str(handle._actor_id.hex())
 
 
-def _state_api_actors() -> dict[str, Any] | None:
-    """Ray's state API view of every actor (needs the dashboard; None without one)."""
+#: Ray's state names of an actor that is not running yet.
+PENDING_STATES = ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
+
+
+@dataclass(frozen=True)
+class StateView:
+    """Ray's state API on this run's cluster: every actor by id, and the ids of this run's own
+    actors (its job's) still waiting to be created. Another job's pending actor on a shared
+    cluster is that job's business, not a fault of this run's layout."""
+
+    actors: dict[str, Any]
+    pending: list[str]
+
+
+def read_state_api() -> StateView | None:
+    """Ray's state API view of this cluster (needs its dashboard; None without one).
+
+    Why the node check: the state API's server is looked up in this cluster's GCS, and a Ray
+    started without the dashboard (``include_dashboard=False``, as ``rl-core train`` starts its
+    local one) still records ``127.0.0.1:8265`` there (Ray 2.60). Whatever else listens on that
+    port, such as another cluster's dashboard on the same machine, would then answer about *its*
+    actors. A server that does not know this driver's node is not this cluster's.
+    """
     try:
         import ray
-        from ray.util.state import list_actors
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ActorState, ListApiOptions, StateResource
 
-        # this cluster's address, explicitly: left to itself the state API picks "the latest"
-        # of the clusters on the machine
-        address = ray.get_runtime_context().gcs_address
-        actors = list_actors(
-            address=address, detail=True, limit=10_000, raise_on_missing_output=False
+        ctx = ray.get_runtime_context()
+        client = StateApiClient(address=ctx.gcs_address)
+        mine = client.list(
+            StateResource.NODES,
+            options=ListApiOptions(filters=[("node_id", "=", ctx.get_node_id())]),
+            raise_on_missing_output=False,
         )
+        if not mine:  # another cluster's dashboard answered
+            return None
+        actors = cast(
+            list[ActorState],
+            client.list(
+                StateResource.ACTORS,
+                options=ListApiOptions(detail=True, limit=10_000),
+                raise_on_missing_output=False,
+            ),
+        )
+        job_id = ctx.get_job_id()
     except Exception:  # no dashboard on this cluster: the actors' own reports stand alone
         return None
-    return {a.actor_id: a for a in actors}
+    return StateView(
+        actors={a.actor_id: a for a in actors},
+        pending=[a.actor_id for a in actors if a.state in PENDING_STATES and a.job_id == job_id],
+    )
 
 
 def _plan_entry(
@@ -107,7 +145,8 @@ async def read_layout(
         entry = _plan_entry(realized, role, p.index, p.group, p.bundles[0], p.gpu_fraction)
         entries.append((actor, entry, actor.info.remote()))
     reports = await asyncio.gather(*(f for _, _, f in entries))
-    state = await asyncio.to_thread(_state_api_actors)
+    view = await asyncio.to_thread(read_state_api)
+    state = view.actors if view is not None else None
     actors = []
     for (handle, entry, _), report in zip(entries, reports, strict=True):
         actor_id = _actor_id(handle)
@@ -143,22 +182,13 @@ async def read_layout(
         }
         for name, pg in realized.placement_groups.items()
     }
-    pending = (
-        [
-            a.actor_id
-            for a in state.values()
-            if a.state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
-        ]
-        if state is not None
-        else []
-    )
     return {
         "mode": plan.mode,
         "use_gpus": realized.use_gpus,
         "state_api": state is not None,
         "placement_groups": groups,
         "actors": actors,
-        "pending_actors": pending,
+        "pending_actors": view.pending if view is not None else [],
     }
 
 
