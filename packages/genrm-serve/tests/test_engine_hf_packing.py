@@ -11,7 +11,6 @@ import torch
 
 from genrm_client.types import Message, SamplingParams
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
-from genrm_serve.engines import hf_packing
 from genrm_serve.engines.base import EngineOutput, EngineRequest
 from genrm_serve.engines.hf import HFEngine, VerdictUnavailableError
 from genrm_serve.engines.hf_packing import build_forest, build_plan
@@ -107,56 +106,9 @@ def _check(
     )
 
 
-def _reference_varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    *,
-    scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    enable_gqa: bool = False,
-) -> torch.Tensor:
-    """torch's ``varlen_attn`` as its documentation states it (flash attention's causal is
-    aligned to the end of the keys; ``window_size[0]`` keys to the left), sequence by sequence
-    in plain SDPA: the GPU kernel's stand-in, to check the engine's varlen layout on CPU."""
-    outs = []
-    for i in range(len(cu_q) - 1):
-        qi = q[cu_q[i] : cu_q[i + 1]].transpose(0, 1)
-        ki, vi = (x[cu_k[i] : cu_k[i + 1]].transpose(0, 1) for x in (k, v))
-        assert enable_gqa or ki.shape[0] == qi.shape[0]
-        ki, vi = (x.repeat_interleave(qi.shape[0] // x.shape[0], 0) for x in (ki, vi))
-        lq, lk = qi.shape[1], ki.shape[1]
-        assert lq <= max_q and lk <= max_k
-        q_pos = torch.arange(lq)[:, None] + (lk - lq)
-        k_pos = torch.arange(lk)[None, :]
-        allowed = k_pos <= q_pos + window_size[1]
-        if window_size[0] >= 0:
-            allowed &= q_pos - k_pos <= window_size[0]
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qi, ki, vi, attn_mask=allowed, scale=scale
-        )
-        outs.append(o.transpose(0, 1))
-    return torch.cat(outs)
-
-
-@pytest.fixture(params=["padded-sdpa", "varlen"])
-def attention_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both prefill attention paths: the padded, masked SDPA of CPUs, and the varlen layout of
-    GPUs (each node's tokens against its unpadded path) through a reference kernel."""
-    if request.param == "varlen":
-        monkeypatch.setattr(hf_packing, "_VARLEN", _reference_varlen)
-        monkeypatch.setattr(hf_packing, "_VARLEN_GQA_KW", True)
-        monkeypatch.setattr(hf_packing, "_varlen_usable", lambda q: True)
-    return str(request.param)
-
-
 @pytest.mark.parametrize("max_new", [1, 4])
 async def test_packed_batch_equals_plain_transformers_row_by_row(
-    engine: HFEngine, max_new: int, attention_path: str
+    engine: HFEngine, max_new: int
 ) -> None:
     prompts = _mixed_prompts()
     reqs = [_request(p, max_new if i % 3 else 1) for i, p in enumerate(prompts)]
@@ -358,9 +310,7 @@ def _tiny_gemma3(path: Path) -> Path:
     return path
 
 
-async def test_sliding_window_layers_match_plain_transformers(
-    tmp_path: Path, attention_path: str
-) -> None:
+async def test_sliding_window_layers_match_plain_transformers(tmp_path: Path) -> None:
     spec = InstanceSpec(
         route_key="judge",
         model_path=str(_tiny_gemma3(tmp_path / "gemma")),

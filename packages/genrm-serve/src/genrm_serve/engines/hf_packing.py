@@ -7,10 +7,8 @@ go into a radix tree over token ids; every tree node (a run of tokens some set o
 computed once, all nodes laid end to end in one packed sequence of batch size 1 — no padding in
 any linear layer. Attention is the only place where the tree matters: a node's tokens attend to
 the tokens of its ancestors (full) and to their own (causal). Nodes of one tree depth go through
-one attention call each per layer (so a two-level batch — group prefixes, then answers — costs
-two): on a GPU in half precision torch's varlen flash kernel, each node's tokens against its own
-path and nothing else; elsewhere one batched SDPA call, padded to the longest node, with a mask
-only where a node has ancestors.
+one batched SDPA call each (so a two-level batch — group prefixes, then answers — costs two calls
+per layer), with a boolean mask only where a node has ancestors.
 
 The engine installs :func:`packed_attention` as the model's attention implementation (a name
 registered with transformers' ``AttentionInterface``); outside an active plan it is plain SDPA, so
@@ -23,7 +21,6 @@ writes one position per row and attends under a length mask — fixed shapes, no
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +48,6 @@ ATTN_IMPLEMENTATION = "genrm_packed"
 MIN_SHARED_TOKENS = 16
 
 _ACTIVE = threading.local()
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -140,13 +136,6 @@ class _Level:
     has_ancestors: bool
     #: the nodes are equally long and lie end to end from packed index 0: views, no gathers
     contiguous: bool = False
-    #: the varlen layout: every node's key path end to end, unpadded ([sum of path lengths]),
-    #: with int32 boundaries of the queries (the nodes' own tokens, ``dest``) and of the paths
-    kv_flat: torch.Tensor | None = None
-    cu_q: torch.Tensor | None = None
-    cu_k: torch.Tensor | None = None
-    max_q: int = 0
-    max_k: int = 0
     _masks: dict[tuple[int | None, int, torch.dtype], torch.Tensor | None] = field(
         default_factory=dict
     )
@@ -257,17 +246,13 @@ def _level(nodes: list[PrefixNode], device: torch.device) -> _Level:
     kv_index = torch.zeros((len(nodes), kv_max), dtype=torch.long)
     src: list[int] = []
     dest: list[int] = []
-    flat: list[int] = []
     for i, n in enumerate(nodes):
         own = torch.arange(n.offset, n.offset + len(n.tokens))
         q_index[i, : len(n.tokens)] = own
         path = _path(n)
         kv_index[i, : len(path)] = torch.tensor(path, dtype=torch.long)
-        flat.extend(path)
         src.extend(range(i * q_max, i * q_max + len(n.tokens)))
         dest.extend(range(n.offset, n.offset + len(n.tokens)))
-    q_lens = [len(n.tokens) for n in nodes]
-    k_lens = [len(_path(n)) for n in nodes]
     return _Level(
         q_index=q_index.to(device),
         kv_index=kv_index.to(device),
@@ -280,18 +265,7 @@ def _level(nodes: list[PrefixNode], device: torch.device) -> _Level:
             n.parent is None and len(n.tokens) == q_max and n.offset == i * q_max
             for i, n in enumerate(nodes)
         ),
-        kv_flat=torch.tensor(flat, dtype=torch.long, device=device),
-        cu_q=_boundaries(q_lens, device),
-        cu_k=_boundaries(k_lens, device),
-        max_q=max(q_lens),
-        max_k=max(k_lens),
     )
-
-
-def _boundaries(lengths: list[int], device: torch.device) -> torch.Tensor:
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-    return out.to(device)
 
 
 @dataclass
@@ -433,10 +407,6 @@ def _prefill(
         return o.reshape(1, total, heads, dim)
     out = q.new_empty((total, heads, dim))
     for level in plan.levels:
-        o_var = _attend_varlen(level, q, k, v, scaling, window)
-        if o_var is not None:
-            out.index_copy_(0, level.dest, o_var)
-            continue
         n, q_max = level.q_index.shape
         kv_max = level.kv_index.shape[1]
         ql = q.index_select(0, level.q_index.view(-1)).view(n, q_max, heads, dim)
@@ -474,68 +444,6 @@ def _attend(
             o = F.scaled_dot_product_attention(qg, kl, vl, attn_mask=mask, scale=scaling)
             o = o.reshape(n, heads, q_max, dim)
     return o.transpose(1, 2)
-
-
-def _find_varlen() -> tuple[Any, bool]:
-    """torch's variable-length flash attention (torch ≥ 2.9) and whether it takes grouped KV
-    heads by keyword (later releases check the head counts; earlier ones pass them through to
-    the flash kernel, which handles GQA itself)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None, False
-    import inspect
-
-    params = inspect.signature(varlen_attn).parameters
-    if "window_size" not in params:  # the first release: causal only, no windows
-        return None, False
-    return varlen_attn, "enable_gqa" in params
-
-
-_VARLEN, _VARLEN_GQA_KW = _find_varlen()
-#: set once a varlen call without ``enable_gqa`` refused grouped KV heads
-_VARLEN_STATE = {"repeat_kv": False}
-
-
-def _varlen_usable(q: torch.Tensor) -> bool:
-    return _VARLEN is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
-
-
-def _attend_varlen(
-    level: _Level,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scaling: float | None,
-    window: int | None,
-) -> torch.Tensor | None:
-    """One level's attention as one varlen flash call: each node's own tokens against its whole
-    path (ancestors, then itself; causal aligned to the path's end), nothing padded and no mask
-    — where the masked SDPA call computes every node's queries against the longest path. None
-    where that kernel cannot run (CPU, fp32, an older torch)."""
-    if not _varlen_usable(q):
-        return None
-    assert level.kv_flat is not None and level.cu_q is not None and level.cu_k is not None
-    qv = q.index_select(0, level.dest)
-    kv = k.index_select(0, level.kv_flat)
-    vv = v.index_select(0, level.kv_flat)
-    kwargs: dict[str, Any] = {
-        "scale": scaling,
-        "window_size": (-1, 0) if window is None else (window - 1, 0),
-    }
-    args = (level.cu_q, level.cu_k, level.max_q, level.max_k)
-    groups = qv.shape[1] // kv.shape[1]
-    if groups > 1 and _VARLEN_GQA_KW:
-        kwargs["enable_gqa"] = True
-    elif groups > 1 and not _VARLEN_STATE["repeat_kv"]:
-        try:  # the flash kernel takes fewer KV heads itself where the wrapper lets it
-            return _VARLEN(qv, kv, vv, *args, **kwargs)  # type: ignore[no-any-return]
-        except (RuntimeError, ValueError) as err:
-            logger.warning("varlen attention refused grouped KV heads (%s); repeating them", err)
-            _VARLEN_STATE["repeat_kv"] = True
-    if groups > 1 and not _VARLEN_GQA_KW:
-        kv, vv = (x.repeat_interleave(groups, dim=1) for x in (kv, vv))
-    return _VARLEN(qv, kv, vv, *args, **kwargs)  # type: ignore[no-any-return]
 
 
 def _kernels() -> Any:
