@@ -576,9 +576,11 @@ TWINS = {
     ],
     # the 35B split script is the colocated script's layout at another size: its flags and mode
     # are checked above (test_script_flags_give_the_readme_mode), a twin would repeat this one
+    # two bundles: every role of the swap has two ranks or engines (the defer-swap layout run of
+    # rl-core's test_train_layouts.py, which this twin replaces)
     DEFER: [
         "--resource",
-        '{"actor": [1, 1], "rollout": [1, 1], "genrm": [1, 1]}',
+        '{"actor": [1, 2], "rollout": [1, 2], "genrm": [1, 2]}',
         "--genrm-model-path",
         _QUALITY,
         *_JUDGE,

@@ -97,18 +97,11 @@ def _argv(files: dict[str, Path], name: str, *layout: str) -> list[str]:
 
 
 SPLIT = ["--colocate", "--rm-type", "dapo-genrm"]
-DEFER = [
-    "--colocate",
-    "--rm-type",
-    "dummy",
-    "--defer-reward-to-post-process",
-    "--builtin-reward-post-process",
-]
-
 LAYOUTS = {
-    # colocate-split at this shape (actor 2 = rollout 1 + genrm 1) is the examples' colocated
-    # twin (integration_tests/test_examples.py), which asserts the same of its run through
-    # `ray job submit`; 2 colocated steps from flags: test_launch_e2e.py
+    # colocate-split at this shape (actor 2 = rollout 1 + genrm 1) and colocate-defer-swap on
+    # two bundles are the examples' colocated and defer twins (integration_tests/
+    # test_examples.py), which assert the same of their runs through `ray job submit`; 2
+    # colocated steps from flags: test_launch_e2e.py
     "shared-2-2": (
         [
             *SPLIT,
@@ -120,12 +113,6 @@ LAYOUTS = {
         2,
         0.3,
         "colocate-shared",
-    ),
-    "defer-swap": (
-        [*DEFER, "--resource", '{"actor": [1, 2], "rollout": [1, 2], "genrm": [1, 2]}'],
-        2,
-        None,
-        "colocate-defer-swap",
     ),
 }
 
