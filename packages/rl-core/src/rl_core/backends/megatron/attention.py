@@ -112,7 +112,7 @@ class SDPACoreAttention(MegatronModule):  # type: ignore[misc]
         cu_k = (
             cu
             if packed.cu_seqlens_kv is packed.cu_seqlens_q
-            else cu.new_tensor(packed.cu_seqlens_kv)
+            else packed.cu_seqlens_kv.to(q.device, torch.int32)
         )
         kwargs: dict[str, Any] = {"scale": self.softmax_scale, **_VARLEN_CAUSAL}
         if _VARLEN_GQA and k.shape[1] != q.shape[1]:
