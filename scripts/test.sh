@@ -13,11 +13,11 @@ UV=(python3 -m uv run --frozen --no-sync)
 "${UV[@]}" ruff format --check .
 "${UV[@]}" mypy packages/genrm-client/src
 "${UV[@]}" mypy packages/genrm-serve/src packages/rewards/src packages/rl-core/src
-# Test processes (pytest-xdist): one per two cores, one test file each at a time (a file's module
-# fixtures — a Ray cluster, a served model — are built once). On 2 cores that is one process: the
-# suite keeps both cores busy by itself (every Ray cluster, engine and trainer rank is a process),
-# and two pytest processes measured no faster (21 min 40 s against ~21.5 min in one).
+# Test processes (pytest-xdist), one test file each at a time (a file's module fixtures — a Ray
+# cluster, a served model — are built once): two on a machine of up to 4 cores, else one per two
+# cores. On the 2-core machine two took 21 min 40 s where one took 24 min 34 s (same machine,
+# same day): each Ray-based file waits much of its time (cluster start, model loads, HTTP).
 # GENRM_TEST_WORKERS=N sets the count (0 = one process, no xdist).
-workers=${GENRM_TEST_WORKERS:-$(( $(nproc) / 2 ))}
-[ "$workers" -le 1 ] && workers=0
+cores=$(nproc)
+workers=${GENRM_TEST_WORKERS:-$(( cores > 4 ? cores / 2 : 2 ))}
 "${UV[@]}" pytest -n "$workers" --dist loadfile "$@"
