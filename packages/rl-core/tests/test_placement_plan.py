@@ -176,6 +176,19 @@ def test_engines_that_sleep_are_those_the_phases_put_to_sleep() -> None:
         assert p.sleeps("genrm:__default__") is colocated, p.mode
 
 
+@pytest.mark.parametrize("layout", ["shared", "async"])
+def test_engines_the_plan_puts_to_sleep_reserve_host_buffers_at_start(layout: str) -> None:
+    from rl_core.config import parse_train_args
+    from rl_core.launch import judge_specs, rollout_spec
+
+    argv = SHARED_8 if layout == "shared" else ASYNC_8
+    cfg = parse_train_args(["--hf-checkpoint", "/m/p", "--prompt-data", "/d.jsonl", *argv])
+    want = "start" if layout == "shared" else "first_sleep"
+    assert rollout_spec(cfg, "/m/p", "hf").engine_config.sleep_buffers == want
+    judges = judge_specs(cfg)
+    assert judges and {s.engine_config.sleep_buffers for s in judges.values()} == {want}
+
+
 def test_fully_async_every_role_its_own_group() -> None:
     p = plan(ASYNC_8)
     assert p.mode == "fully-async" and p.phases_overlap

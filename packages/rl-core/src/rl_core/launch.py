@@ -232,6 +232,17 @@ def rollout_spec(cfg: TrainConfig, policy_path: str, engine: str) -> InstanceSpe
     )
 
 
+def judge_specs(cfg: TrainConfig) -> dict[str, InstanceSpec]:
+    """The judge instances as their engines start: each with its plan's memory fraction."""
+    plan = cfg.plan
+    return {
+        k: _engine_spec(
+            s, cfg.device, plan.judges[k].mem_fraction_static, sleeps=plan.sleeps(f"genrm:{k}")
+        )
+        for k, s in cfg.genrm_instances.items()
+    }
+
+
 async def start_rollout_engines(
     realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str
 ) -> list[RayEngineHandle]:
@@ -361,15 +372,7 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         judge_actors: dict[str, list[Any]] = {}
         if cfg.genrm_enabled:
             t0 = time.perf_counter()
-            instances = {
-                k: _engine_spec(
-                    s,
-                    cfg.device,
-                    plan.judges[k].mem_fraction_static,
-                    sleeps=plan.sleeps(f"genrm:{k}"),
-                )
-                for k, s in cfg.genrm_instances.items()
-            }
+            instances = judge_specs(cfg)
             url, judge_actors = await start_judge_service(
                 realized, instances, stack, cfg.genrm_port
             )
