@@ -146,11 +146,10 @@ def _cpu_device_redirect(device: torch.device) -> Iterator[None]:
 
 
 def _sum_of_squares(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Σ‖g‖² in fp32 over ``grads``, one fused norm kernel per dtype group (no temporaries)."""
+    """Σ‖g‖² over ``grads`` (torch's fused total norm; no per-tensor temporaries)."""
     if not grads:
         return torch.zeros((), device=device)
-    norms = torch._foreach_norm([g.detach() for g in grads])
-    return torch.stack([n.float() for n in norms]).pow(2).sum()
+    return torch.nn.utils.get_total_norm(grads, foreach=True).float().pow(2)
 
 
 def _packed_positions(lengths: list[int], device: torch.device) -> torch.Tensor:
@@ -476,9 +475,10 @@ class MegatronBackend(TrainingBackend):
         )
         if self.tp_size > 1:
             dist.all_reduce(sharded, group=self.tp_group)
-        norm = float((sharded + replicated).sqrt())
-        if math.isfinite(norm) and norm > self.cfg.clip_grad:
-            torch._foreach_mul_([p.grad for p in params], self.cfg.clip_grad / (norm + 1e-6))
+        total = (sharded + replicated).sqrt()
+        norm = float(total)
+        if math.isfinite(norm):
+            torch.nn.utils.clip_grads_with_norm_(params, self.cfg.clip_grad, total, foreach=True)
         return norm
 
     # --- weights, memory, checkpoints -----------------------------------------------------------

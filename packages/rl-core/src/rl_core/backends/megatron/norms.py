@@ -21,7 +21,6 @@ class HFRMSNorm(torch.nn.Module):
 
     def __init__(self, config: Any, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
-        self.config = config
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size))
 
