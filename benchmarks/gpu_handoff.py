@@ -452,7 +452,7 @@ def main() -> None:
     if "judge" in parts:
         res["judge"] = asyncio.run(judge_sleep_wake(judge, args.rounds, policy, args.sleep_buffers))
         print(json.dumps(res["judge"]), flush=True)
-    backend = trainer_backend(policy)
+    backend = trainer_backend(policy) if {"offload", "ipc"} & set(parts) else None
     if "offload" in parts:
         res["offload"] = offload_onload(backend)
         print(json.dumps(res["offload"]), flush=True)

@@ -115,7 +115,8 @@ def write_profile(backend: TrainingBackend, items: list[TrainItem], device: str,
         sync(device)
     wall = time.perf_counter() - t0
     events = prof.key_averages()
-    busy = sum(e.self_device_time_total for e in events) / 1e6
+    # kernels only: an operator's row also carries the device time of the kernels it launched
+    busy = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / 1e6
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         f"wall {wall:.3f} s (profiled), device busy {busy:.3f} s\n"
