@@ -148,6 +148,25 @@ def two_rank_worker(rank, world, port, path, mode, out):
                 torch.equal(v, weights[k]) for k, v in again.export_weights().items()
             )
             again.close()
+        if mode == "dp":
+            # the distributed optimizer: each rank holds the Adam state of about half the model
+            counts = [0] * world
+            mine_numel = sum(st["exp_avg"].numel() for st in b.optimizer.optimizer.state.values())
+            dist.all_gather_object(counts, mine_numel)
+            result["adam_numels"] = counts
+            result["model_numel"] = sum(p.numel() for p in b.model.parameters())
+            # a checkpoint of the shards: save (collective), load into fresh ranks, step again
+            ckpt = Path(out).parent / "dp-ckpt"
+            b.save(ckpt, {"cursor": 5})
+            again = MegatronBackend(path, cfg, device="cpu")
+            result["reloaded_extra"] = again.load(ckpt)
+            for backend in (b, again):
+                backend.train_step(mine, old_logprobs=None, total_tokens=total)
+            after = b.export_weights()
+            result["resumed_equal"] = all(
+                torch.equal(v, after[k]) for k, v in again.export_weights().items()
+            )
+            again.close()
         b.close()
         if rank == 0:
             torch.save(result, out)

@@ -1,5 +1,5 @@
 """The training backends on a CUDA GPU in bf16: Megatron-core against the torch backend on the same
-HF weights and batch, and the torch backend's offload / onload of weights and Adam state.
+HF weights and batch, and both backends' offload / onload of weights and Adam state.
 
 No CUDA patches here (the CPU tests in ``test_megatron_backend.py`` need them): the Megatron
 backend starts its own NCCL group of world size 1 and ``initialize_model_parallel(1, 1)``, as on
@@ -146,3 +146,33 @@ def test_torch_backend_offload_frees_weights_and_adam_state_and_reuses_host_buff
     backend._host.close()
     del backend
     torch.cuda.empty_cache()
+
+
+def test_megatron_offload_frees_its_buffers_and_adam_state_and_syncs_from_the_host(
+    megatron_backend: Any,
+) -> None:
+    """Offload moves DDP's parameter buffer and the Adam shard to pinned host memory and frees
+    the gradient buffer; while offloaded, the weights a sync reads are the trained ones (from
+    the host copy); after onload the next step trains from exactly where it stopped."""
+    items = _batch()
+    b = megatron_backend
+    b.train_step(items, old_logprobs=None)  # DDP buffers and Adam state exist from here on
+    trained = b.export_weights()
+    params = sum(p.numel() for p in b.model.parameters())
+    torch.cuda.synchronize()
+    loaded = torch.cuda.memory_allocated()
+    b.offload()
+    freed = loaded - torch.cuda.memory_allocated()
+    # fp32 parameters + fp32 gradients + exp_avg + exp_avg_sq: 16 bytes a parameter (world 1)
+    assert freed >= 16 * params - (8 << 20), (freed, 16 * params)
+    with pytest.raises(RuntimeError, match="onload"):
+        b.train_step(items, old_logprobs=None)
+    named = dict(b.named_weights())
+    assert all(not t.is_cuda for t in named.values())
+    for k, v in trained.items():
+        assert torch.equal(named[k].cpu(), v), k
+    b.onload()
+    for k, v in b.export_weights().items():
+        assert torch.equal(v, trained[k]), k
+    metrics = b.train_step(items, old_logprobs=None)
+    assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["grad_norm"] > 0

@@ -286,8 +286,10 @@ def _free_port():
 @pytest.mark.parametrize("mode", ["tp", "dp"])
 def test_two_ranks_equal_one(mode, qwen3_path, megatron, tmp_path):
     """TP = 2 (vocabulary-parallel log-softmax, sharded QKV / SwiGLU) and DP = 2 (gradients
-    summed over ranks, global token mean) give the single-process log-probs and update; a TP
-    checkpoint is one HF folder that loads in transformers and back into TP ranks."""
+    summed over ranks, global token mean, Adam state sharded by the distributed optimizer) give
+    the single-process log-probs and update; a TP checkpoint is one HF folder that loads in
+    transformers and back into TP ranks; a DP checkpoint resumes its shards exactly and is
+    refused, naming the sizes, by a run of another data-parallel size."""
     import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
 
@@ -317,6 +319,12 @@ def test_two_ranks_equal_one(mode, qwen3_path, megatron, tmp_path):
             torch.testing.assert_close(
                 dict(hf.named_parameters())[k].detach(), v, atol=1e-5, rtol=0
             )
+    if mode == "dp":  # Adam state split over the two ranks; its checkpoint resumes exactly
+        adam, total = got["adam_numels"], got["model_numel"]
+        assert sum(adam) >= total and max(adam) < 0.6 * total, (adam, total)
+        assert got["reloaded_extra"] == {"cursor": 5} and got["resumed_equal"]
+        with pytest.raises(ValueError, match=r"data parallel 2, this run is .* data parallel 1"):
+            megatron(qwen3_path, cfg).load(tmp_path / "dp-ckpt")
     assert got["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)
     assert got["loss"] == pytest.approx(metrics["loss"], abs=1e-6)
     for k, v in one.export_weights().items():

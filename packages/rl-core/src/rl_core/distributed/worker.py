@@ -295,7 +295,7 @@ class TrainWorker:
 
     def save(self, path: str, extra: dict[str, Any]) -> None:
         # torch: every rank holds the same weights and optimizer state, rank 0 writes; Megatron's
-        # save is collective over tensor parallelism and picks its writers itself
+        # save is collective (weights gathered over TP, each rank writes its optimizer shard)
         if self.rank == 0 or self.train_backend == "megatron":
             self.backend.save(Path(path), extra)
 

@@ -16,9 +16,10 @@ What it does, and why it differs from the torch backend where it does:
 * **Loss**: ``rl_core.grpo.loss.grpo_loss``, token mean over the **global** batch: pass
   ``total_tokens`` (the in-loss response tokens over all data-parallel ranks) to
   :meth:`MegatronBackend.train_step`; gradients are then summed over the data-parallel group.
-* **Optimizer**: torch AdamW on the local shards with no weight decay on norms and biases
-  (``param_groups``), the lr schedule of ``lr_at`` and gradient clipping by the global norm
-  (TP shards counted once each, replicated weights once).
+* **Optimizer**: Megatron's DDP and distributed optimizer: gradients reduce-scattered over data
+  parallelism, torch AdamW on each rank's 1/DP shard, the parameters all-gathered back; no weight
+  decay on norms and biases, the lr schedule of ``lr_at`` and gradient clipping by the global
+  norm (TP shards counted once each, replicated weights once).
 
 The process group: the trainer group initialises ``torch.distributed`` (one process per GPU);
 standalone (tests, benchmarks) the backend starts a world of one itself and :meth:`close` ends
@@ -40,6 +41,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
 
 from rl_core.backends.base import (
     BackendConfig,
@@ -48,7 +50,6 @@ from rl_core.backends.base import (
     backward_micro_batches,
     collect_logprobs,
     lr_at,
-    param_groups,
 )
 from rl_core.backends.megatron import require_megatron
 from rl_core.backends.megatron.config import (
@@ -131,25 +132,44 @@ def _all_reduce_coalesced(tensors: list[torch.Tensor], group: Any) -> None:
     flush()
 
 
+class _CudaAsCpu(TorchFunctionMode):
+    """Megatron's CUDA-only spellings, answered on the CPU: tensors made with
+    ``device="cuda"`` are made on the CPU, ``.cuda()`` keeps a tensor where it is, and
+    ``Tensor.type()`` names a CPU tensor by its CUDA kind (the distributed optimizer and its
+    gradient clipping accept only ``torch.cuda.*Tensor``)."""
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs = {**kwargs, "device": "cpu"}
+        out = func(*args, **kwargs)
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return str(out).replace("torch.", "torch.cuda.", 1)
+        return out
+
+
 @contextlib.contextmanager
 def _cpu_device_redirect(device: torch.device) -> Iterator[None]:
-    """On CPU, answer Megatron's ``torch.cuda.current_device()`` (RoPE, buffers) with "cpu".
+    """On CPU, let Megatron's code run as on a GPU: ``torch.cuda.current_device()`` (RoPE,
+    DDP's buffers) answers "cpu", and :class:`_CudaAsCpu` covers the rest.
 
-    Only while the backend itself runs Megatron code, and only without CUDA; on a GPU this is
-    a no-op.
+    Only while the backend itself runs Megatron code, and only without CUDA (so the tests run
+    Megatron's own DDP and distributed optimizer over gloo); on a GPU this is a no-op.
     """
     if device.type != "cpu":
         yield
         return
-    with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
+    with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"), _CudaAsCpu():
         yield
-
-
-def _sum_of_squares(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Σ‖g‖² over ``grads`` (torch's fused total norm; no per-tensor temporaries)."""
-    if not grads:
-        return torch.zeros((), device=device)
-    return torch.nn.utils.get_total_norm(grads, foreach=True).float().pow(2)
 
 
 def _packed_positions(lengths: list[int], device: torch.device) -> torch.Tensor:
@@ -226,12 +246,10 @@ class MegatronBackend(TrainingBackend):
             self.ref_model = self._build_model(hf_state)
             self.ref_model.eval().requires_grad_(False)
         del hf_state
-        self.optimizer = torch.optim.AdamW(
-            param_groups(self.model.named_parameters(), cfg.weight_decay),
-            lr=lr_at(cfg, 0),
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            eps=cfg.adam_eps,
-        )
+        # Megatron's DDP and distributed optimizer, built at the first use (train step, offload,
+        # save, load): a forward-only rank never allocates grad buffers or optimizer state.
+        self._ddp: Any = None
+        self._optimizer: Any = None
         self.step = 0
         self.offloaded = False
         # Pinned host buffers, one per (owner, key), allocated at the first offload and reused.
@@ -296,6 +314,67 @@ class MegatronBackend(TrainingBackend):
                 f"unexpected {result.unexpected_keys}"
             )
         return model.to(self.device)
+
+    @property
+    def optimizer(self) -> Any:
+        """Megatron's distributed optimizer over this rank's model (built at the first use).
+
+        The model is wrapped in Megatron's DDP first: parameters and gradients move into
+        contiguous fp32 buffers; after the backward the gradients are reduce-scattered over the
+        data-parallel group, each rank steps AdamW (torch's, Megatron's fallback without
+        Transformer Engine or Apex) on its 1/DP shard of the buffer, and the updated parameters
+        are all-gathered back. So the Adam state is split over data parallelism; at DP = 1 it is
+        one torch AdamW over the whole model. Gradients are summed, not averaged, over ranks
+        (``calculate_per_token_loss``): the loss is already divided by the global batch's tokens.
+        No weight decay on norms and biases: Megatron's own rule, the torch backend's too.
+        """
+        if self._optimizer is None:
+            from megatron.core.distributed import (
+                DistributedDataParallel,
+                DistributedDataParallelConfig,
+            )
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+            cfg = self.cfg
+            for name, p in self.model.named_parameters():
+                # Megatron's grad norm counts a replicated weight once over TP by this attribute,
+                # which only its weight initialisation sets (skipped: the weights come from HF)
+                if megatron_param_kinds(name) != "replicated":
+                    p.tensor_model_parallel = True
+            with _cpu_device_redirect(self.device):
+                self._ddp = DistributedDataParallel(
+                    self.model.config,
+                    DistributedDataParallelConfig(
+                        grad_reduce_in_fp32=True, use_distributed_optimizer=True
+                    ),
+                    self.model,
+                )
+                self._optimizer = get_megatron_optimizer(
+                    OptimizerConfig(
+                        optimizer="adam",
+                        lr=lr_at(cfg, 0),
+                        weight_decay=cfg.weight_decay,
+                        adam_beta1=cfg.adam_beta1,
+                        adam_beta2=cfg.adam_beta2,
+                        adam_eps=cfg.adam_eps,
+                        clip_grad=cfg.clip_grad,
+                        use_distributed_optimizer=True,
+                        params_dtype=torch.float32,
+                    ),
+                    [self._ddp],
+                )
+        return self._optimizer
+
+    def _set_lr(self, lr: float) -> None:
+        """The step's lr and weight decay in every group (Megatron's multipliers: 0 wd for norms
+        and biases); its scheduler is not used, ``lr_at`` is the schedule of both backends."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+            group["weight_decay"] = self.cfg.weight_decay * group.get("wd_mult", 1.0)
+
+    def _zero_grad(self) -> None:
+        self._ddp.zero_grad_buffer()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _output_weight(self, model: Any) -> torch.Tensor:
         if self.args.tie_word_embeddings:
@@ -409,10 +488,9 @@ class MegatronBackend(TrainingBackend):
             total_tokens = local_tokens
         total_tokens = float(total_tokens)
         lr = lr_at(self.cfg, self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self._set_lr(lr)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         sums, n_micro = backward_micro_batches(
             lambda batch: self._forward(self.model, batch),
             items,
@@ -425,13 +503,14 @@ class MegatronBackend(TrainingBackend):
             ref_logprobs=ref_logprobs,
         )
         grad_norm = 0.0
-        if total_tokens > 0:  # the same on every rank: all join the gradient all-reduce
+        if total_tokens > 0:  # the same on every rank: all join the gradient reduce-scatter
             grad_norm = self._reduce_and_clip()
             if not math.isfinite(grad_norm):
-                self.optimizer.zero_grad(set_to_none=True)
+                self._zero_grad()
                 raise FloatingPointError(f"non-finite gradient norm at step {self.step}")
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            with _cpu_device_redirect(self.device):
+                self.optimizer.step_with_ready_grads()  # + the all-gather of the parameters
+        self._zero_grad()
         self.step += 1
         self.model.eval()
         return {
@@ -453,32 +532,21 @@ class MegatronBackend(TrainingBackend):
         return self.parallel.sequence_parallel and bool(getattr(param, "sequence_parallel", False))
 
     def _reduce_and_clip(self) -> float:
-        """Sum gradients over data parallel (and partial replicated ones over TP), then clip by
-        the global norm; returns the norm before clipping."""
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        params = [p for _, p in named]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if self.dp_size > 1:
-            _all_reduce_coalesced([p.grad for p in params], self.dp_group)
-        partial = [p.grad for n, p in named if self._tp_partial(n, p)]
+        """Sum partial replicated gradients over TP, reduce-scatter all of them over data
+        parallel, then clip this rank's shard by the global norm (Megatron's, every shard and
+        TP-sharded weight counted once); returns the norm before clipping."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        partial = [p.main_grad for n, p in self.model.named_parameters() if self._tp_partial(n, p)]
         if partial:
             _all_reduce_coalesced(partial, self.tp_group)
-        # by name, not Megatron's ``tensor_model_parallel`` attribute: that one is only set by
-        # its weight initialisation, which a model loaded from HF weights skips
-        split = [megatron_param_kinds(n) != "replicated" for n, _ in named]
-        grads = [p.grad for p in params]
-        sharded = _sum_of_squares([g for g, s in zip(grads, split, strict=True) if s], self.device)
-        replicated = _sum_of_squares(
-            [g for g, s in zip(grads, split, strict=True) if not s], self.device
-        )
-        if self.tp_size > 1:
-            dist.all_reduce(sharded, group=self.tp_group)
-        total = (sharded + replicated).sqrt()
-        norm = float(total)
-        if math.isfinite(norm):
-            torch.nn.utils.clip_grads_with_norm_(params, self.cfg.clip_grad, total, foreach=True)
+        with _cpu_device_redirect(self.device):
+            self._ddp.finish_grad_sync()
+            self.optimizer.prepare_grads()  # the shard's gradients onto its main parameters
+            norm = float(self.optimizer.get_grad_norm())
+            if math.isfinite(norm):
+                params = self.optimizer.get_parameters()
+                clip_grad_by_total_norm_fp32(params, self.cfg.clip_grad, norm)
         return norm
 
     # --- weights, memory, checkpoints -----------------------------------------------------------
@@ -490,7 +558,7 @@ class MegatronBackend(TrainingBackend):
         def out(t: torch.Tensor) -> torch.Tensor:
             return t.cpu() if on_host else t
 
-        local = {k: v.detach() for k, v in self.model.named_parameters()}
+        local = self._local_params()
         if self.tp_size == 1:
             return [{k: out(v) for k, v in local.items()}]
         shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp_size)]
@@ -533,33 +601,59 @@ class MegatronBackend(TrainingBackend):
             for k, v in shard.items():
                 own[k].copy_(v.to(own[k].device, own[k].dtype))
 
-    def _tensors(self) -> Iterator[tuple[Any, str, torch.Tensor]]:
-        """(owner, key, tensor) of everything that lives on the accelerator."""
-        for model in (self.model, self.ref_model):
+    def _buffers(self) -> list[Any]:
+        """Megatron DDP's contiguous parameter-and-gradient buffers (none before the first use)."""
+        if self._ddp is None:
+            return []
+        return list(self._ddp.buffers) + list(self._ddp.expert_parallel_buffers)
+
+    def _swapped(self) -> Iterator[tuple[Any, str, torch.Tensor]]:
+        """(owner, key, tensor) of what an offload swaps for a host tensor: the Adam state of
+        this rank's shard, the reference model's weights, and the policy's own weights until
+        DDP holds them (a forward-only rank)."""
+        if self._optimizer is not None:
+            for state in self._optimizer.optimizer.state.values():
+                for k, v in state.items():
+                    if isinstance(v, torch.Tensor) and v.dim() > 0:
+                        yield state, k, v
+        for model in (self.ref_model, None if self._ddp is not None else self.model):
             if model is not None:
                 for p in model.parameters():
                     yield p, "data", p.data
-        for state in self.optimizer.state.values():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    yield state, k, v
+
+    def _to_host(self, owner: Any, key: str, t: torch.Tensor) -> torch.Tensor:
+        slot = (id(owner), key)
+        host = self._host.get(slot)
+        if host is None or host.shape != t.shape or host.dtype != t.dtype:
+            host = self._host[slot] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        return host
 
     def offload(self) -> None:
-        """Weights and optimizer state to pinned host buffers (allocated once, reused)."""
+        """Everything on the accelerator to pinned host buffers (allocated once, reused); the
+        gradient buffers are freed (they are zero between steps).
+
+        DDP's parameter buffers keep their identity (their storage is copied out and resized
+        to 0; onload resizes it back and copies in), so the parameters and the optimizer's
+        shards, all views into them, stay valid. The Adam state and any weights outside DDP
+        are swapped for their host copies: a checkpoint or a weight sync reads them there.
+        """
         if self.offloaded:
             return
         if self.device.type != "cpu":
-            for owner, key, t in list(self._tensors()):
-                slot = (id(owner), key)
-                host = self._host.get(slot)
-                if host is None or host.shape != t.shape or host.dtype != t.dtype:
-                    host = self._host[slot] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                host.copy_(t, non_blocking=True)
+            for buf in self._buffers():
+                self._to_host(buf, "param_data", buf.param_data)
+            for owner, key, t in list(self._swapped()):
+                host = self._to_host(owner, key, t)
                 if key == "data":
                     owner.data = host
                 else:
                     owner[key] = host
             torch.cuda.synchronize()
+            for buf in self._buffers():
+                buf.param_data.untyped_storage().resize_(0)
+            if self._ddp is not None:
+                self._ddp.offload_grad_buffers(synchronize=False, empty_cache=False)
             torch.cuda.empty_cache()
         self.offloaded = True
 
@@ -567,7 +661,13 @@ class MegatronBackend(TrainingBackend):
         if not self.offloaded:
             return
         if self.device.type != "cpu":
-            for owner, key, t in list(self._tensors()):
+            for buf in self._buffers():
+                host = self._host[(id(buf), "param_data")]
+                buf.param_data.untyped_storage().resize_(host.numel() * host.element_size())
+                buf.param_data.copy_(host, non_blocking=True)
+            if self._ddp is not None:
+                self._ddp.restore_grad_buffers(synchronize=False)
+            for owner, key, t in list(self._swapped()):
                 on = t.to(self.device, non_blocking=True)
                 if key == "data":
                     owner.data = on
@@ -576,41 +676,57 @@ class MegatronBackend(TrainingBackend):
             torch.cuda.synchronize()
         self.offloaded = False
 
+    def _local_params(self) -> dict[str, torch.Tensor]:
+        """This rank's Megatron parameters where they are now: the device, or (offloaded) their
+        place in the host copy of their DDP buffer."""
+        local = {k: v.detach() for k, v in self.model.named_parameters()}
+        if not (self.offloaded and self._buffers()):
+            return local
+        where = {}
+        for buf in self._buffers():
+            host = self._host[(id(buf), "param_data")]
+            for param, (start, end, _) in buf.param_index_map.items():
+                where[id(param)] = host[start:end]
+        return {k: where[id(p)].view(p.shape) for k, p in self.model.named_parameters()}
+
     def _check_loaded(self) -> None:
         if self.offloaded:
             raise RuntimeError("training backend is offloaded; call onload() first")
 
     def save(self, path: Path, extra: dict[str, Any]) -> None:
-        """An HF folder (``model/``: safetensors + config, loads in transformers), the optimizer
-        state of each TP rank (``optimizer_tpNN.pt``; data-parallel ranks hold the same), the
-        step and ``extra``.
+        """An HF folder (``model/``: safetensors + config, loads in transformers), the step and
+        ``extra``, and each rank's shard of the optimizer (``optimizer_tpNN_dpMM.pt``: the Adam
+        state of its part of the distributed optimizer).
 
-        At TP = 1 every rank holds everything: call it on one rank (the trainer group calls rank
-        0), the others return without writing. At TP > 1 it is collective: every rank must call
-        it (the weights are gathered over TP; one rank per TP shard writes its optimizer state).
+        Collective: every rank calls it (the weights are gathered over TP, every rank writes its
+        own optimizer shard; global rank 0 writes the rest). Works offloaded too: it reads the
+        host copies then.
         """
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        if self.tp_size == 1:
-            if dist.get_rank() == 0 or self._owns_process_group:
-                self._write(tmp, self.export_weights(), extra, optimizer=True)
-                self._publish(tmp, path)
-            return
-        hf = self.export_weights()  # collective over the TP group
         writer = dist.get_rank() == 0
+        hf = self.export_weights() if writer or self.tp_size > 1 else {}  # TP: collective
         if writer:
-            self._write(tmp, hf, extra, optimizer=False)
+            self._write(tmp, hf, extra)
         dist.barrier()
-        if self.dp_rank == 0:
-            self._save_optimizer(tmp)
+        torch.save(
+            {
+                "optimizer": None
+                if self._optimizer is None
+                else self._optimizer.optimizer.state_dict(),
+                "rng": torch.get_rng_state(),
+            },
+            tmp / self._optimizer_file(),
+        )
         dist.barrier()
         if writer:
             self._publish(tmp, path)
         dist.barrier()
 
-    def _write(
-        self, tmp: Path, hf: dict[str, torch.Tensor], extra: dict[str, Any], *, optimizer: bool
-    ) -> None:
+    def _optimizer_file(self) -> str:
+        return f"optimizer_tp{self.tp_rank:02d}_dp{self.dp_rank:02d}.pt"
+
+    def _write(self, tmp: Path, hf: dict[str, torch.Tensor], extra: dict[str, Any]) -> None:
         from safetensors.torch import save_file
 
         if tmp.exists():
@@ -620,15 +736,8 @@ class MegatronBackend(TrainingBackend):
             {k: v.contiguous() for k, v in hf.items()}, str(tmp / "model" / "model.safetensors")
         )
         self.hf_config.save_pretrained(tmp / "model")
-        (tmp / "state.json").write_text(json.dumps({"step": self.step, "extra": extra}, indent=1))
-        if optimizer:
-            self._save_optimizer(tmp)
-
-    def _save_optimizer(self, tmp: Path) -> None:
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()},
-            tmp / f"optimizer_tp{self.tp_rank:02d}.pt",
-        )
+        state = {"step": self.step, "extra": extra, "tp": self.tp_size, "dp": self.dp_size}
+        (tmp / "state.json").write_text(json.dumps(state, indent=1))
 
     @staticmethod
     def _publish(tmp: Path, path: Path) -> None:
@@ -637,16 +746,21 @@ class MegatronBackend(TrainingBackend):
         os.replace(tmp, path)
 
     def load(self, path: Path) -> dict[str, Any]:
-        """Restore what :meth:`save` wrote; every rank calls it (each reads its TP shard)."""
+        """Restore what :meth:`save` wrote; every rank calls it (each reads its TP shard of the
+        weights and its own optimizer shard: the same TP and DP sizes as the save)."""
+        self._check_loaded()
         path = Path(path)
         if not (path / "state.json").is_file():
             raise FileNotFoundError(f"--load {path}: not a checkpoint (no state.json)")
-        opt_file = path / f"optimizer_tp{self.tp_rank:02d}.pt"
-        if not opt_file.is_file():
-            raise FileNotFoundError(
-                f"--load {path}: no {opt_file.name} (saved with another "
-                f"--tensor-model-parallel-size than {self.tp_size}?)"
+        state = json.loads((path / "state.json").read_text())
+        saved = (state.get("tp"), state.get("dp"))
+        if saved != (self.tp_size, self.dp_size):
+            raise ValueError(
+                f"--load {path}: saved at tensor parallel {saved[0]} × data parallel {saved[1]}, "
+                f"this run is --tensor-model-parallel-size {self.tp_size} × data parallel "
+                f"{self.dp_size} (actor GPUs / TP): the optimizer shards need the same sizes"
             )
+        opt_file = path / self._optimizer_file()
         shard = hf_to_megatron(
             load_hf_state_dict(path / "model"),
             self.args,
@@ -657,10 +771,10 @@ class MegatronBackend(TrainingBackend):
             own = dict(self.model.named_parameters())
             for k, v in shard.items():
                 own[k].copy_(v)
-        opt = torch.load(opt_file, map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(opt["optimizer"])
+        opt = torch.load(opt_file, map_location="cpu", weights_only=False)
+        if opt["optimizer"] is not None:
+            self.optimizer.optimizer.load_state_dict(opt["optimizer"])
         torch.set_rng_state(opt["rng"])
-        state = json.loads((path / "state.json").read_text())
         self.step = int(state["step"])
         extra: dict[str, Any] = state["extra"]
         return extra

@@ -201,6 +201,9 @@ def transformer_config_kwargs(
         "persist_layer_norm": False,
         "apply_rope_fusion": False,
         "gradient_accumulation_fusion": False,
+        # DDP sums gradients over data parallelism instead of averaging: the GRPO loss is
+        # already divided by the whole global batch's tokens
+        "calculate_per_token_loss": True,
     }
 
 
