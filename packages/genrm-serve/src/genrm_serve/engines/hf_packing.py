@@ -130,8 +130,10 @@ class _Level:
     #: [nodes] position of each node's first token; [nodes] number of its tokens
     q_start: torch.Tensor
     q_len: torch.Tensor
-    #: flat positions in ``[nodes * q_max]`` that hold real tokens, and their packed indices
-    src: torch.Tensor
+    #: the real tokens (not padding) of ``[nodes, q_max]``: their node, their place in it, and
+    #: their packed indices
+    src_node: torch.Tensor
+    src_pos: torch.Tensor
     dest: torch.Tensor
     has_ancestors: bool
     #: the nodes are equally long and lie end to end from packed index 0: views, no gathers
@@ -244,21 +246,24 @@ def _level(nodes: list[PrefixNode], device: torch.device) -> _Level:
         kv_max = -(-kv_max // 16) * 16  # the fused kernels want a 16-aligned mask row
     q_index = torch.zeros((len(nodes), q_max), dtype=torch.long)
     kv_index = torch.zeros((len(nodes), kv_max), dtype=torch.long)
-    src: list[int] = []
+    src_node: list[int] = []
+    src_pos: list[int] = []
     dest: list[int] = []
     for i, n in enumerate(nodes):
         own = torch.arange(n.offset, n.offset + len(n.tokens))
         q_index[i, : len(n.tokens)] = own
         path = _path(n)
         kv_index[i, : len(path)] = torch.tensor(path, dtype=torch.long)
-        src.extend(range(i * q_max, i * q_max + len(n.tokens)))
+        src_node.extend([i] * len(n.tokens))
+        src_pos.extend(range(len(n.tokens)))
         dest.extend(range(n.offset, n.offset + len(n.tokens)))
     return _Level(
         q_index=q_index.to(device),
         kv_index=kv_index.to(device),
         q_start=torch.tensor([n.start for n in nodes], dtype=torch.long, device=device),
         q_len=torch.tensor([len(n.tokens) for n in nodes], dtype=torch.long, device=device),
-        src=torch.tensor(src, dtype=torch.long, device=device),
+        src_node=torch.tensor(src_node, dtype=torch.long, device=device),
+        src_pos=torch.tensor(src_pos, dtype=torch.long, device=device),
         dest=torch.tensor(dest, dtype=torch.long, device=device),
         has_ancestors=any(n.parent is not None for n in nodes),
         contiguous=all(
@@ -393,12 +398,14 @@ def _prefill(
         plan.captured[layer] = (k, v)
     total, heads, dim = q.shape
     kv_heads = k.shape[1]
+    groups = heads // kv_heads
     if len(plan.levels) == 1 and plan.levels[0].contiguous:
         level = plan.levels[0]  # no shared prefix, equal lengths: a plain causal batch
         n, q_max = level.q_index.shape
+        q5 = q.reshape(n, q_max, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
         o = _attend(
             level,
-            q.reshape(n, q_max, heads, dim),
+            q5,
             k.reshape(n, q_max, kv_heads, dim),
             v.reshape(n, q_max, kv_heads, dim),
             scaling,
@@ -406,14 +413,20 @@ def _prefill(
         )
         return o.reshape(1, total, heads, dim)
     out = q.new_empty((total, heads, dim))
+    # the query heads as (KV head, group): a level's queries are gathered straight into the
+    # layout its attention call reads, and its output read back from where the call wrote it
+    q4 = q.reshape(total, kv_heads, groups, dim)
+    kv_ar = torch.arange(kv_heads, device=q.device)[None, :, None, None]
+    group_ar = torch.arange(groups, device=q.device)[None, None, :, None]
     for level in plan.levels:
         n, q_max = level.q_index.shape
         kv_max = level.kv_index.shape[1]
-        ql = q.index_select(0, level.q_index.view(-1)).view(n, q_max, heads, dim)
+        q5 = q4[level.q_index[:, None, None, :], kv_ar, group_ar]  # [n, kv, groups, q_max, dim]
         kl = k.index_select(0, level.kv_index.view(-1)).view(n, kv_max, kv_heads, dim)
         vl = v.index_select(0, level.kv_index.view(-1)).view(n, kv_max, kv_heads, dim)
-        o = _attend(level, ql, kl, vl, scaling, window).reshape(n * q_max, heads, dim)
-        out.index_copy_(0, level.dest, o.index_select(0, level.src))
+        o = _attend(level, q5, kl, vl, scaling, window)
+        mine = o[level.src_node, level.src_pos]  # [real tokens, kv, groups, dim]
+        out.index_copy_(0, level.dest, mine.reshape(-1, heads, dim))
     return out.unsqueeze(0)
 
 
@@ -425,25 +438,23 @@ def _attend(
     scaling: float | None,
     window: int | None,
 ) -> torch.Tensor:
-    """One level's attention: ``[nodes, tokens, heads, dim]`` in, the same layout out."""
-    n, q_max, heads, dim = q.shape
-    kv_heads, kv_max = k.shape[2], k.shape[1]
-    groups = heads // kv_heads
-    ql, kl, vl = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    """One level's attention. ``q``: ``[nodes, kv_heads, groups, tokens, dim]`` (the query
+    heads that share a KV head, together); ``k`` / ``v``: ``[nodes, tokens, kv_heads, dim]``.
+    Returns ``[nodes, tokens, kv_heads, groups, dim]``, a view of what the kernel wrote."""
+    n, kv_heads, groups, q_max, dim = q.shape
+    kl, vl = k.transpose(1, 2), v.transpose(1, 2)
     mask = level.mask(window, groups, q.dtype)
     with _kernels():
         if mask is None:
-            if groups > 1:
-                shape = (n, kv_heads, groups, kv_max, dim)
-                kl = kl[:, :, None].expand(shape).reshape(n, heads, kv_max, dim)
-                vl = vl[:, :, None].expand(shape).reshape(n, heads, kv_max, dim)
-            o = F.scaled_dot_product_attention(ql, kl, vl, is_causal=True, scale=scaling)
+            # flash attention reads the shared KV heads itself (no K/V copies)
+            o = F.scaled_dot_product_attention(
+                q.flatten(1, 2), kl, vl, is_causal=True, scale=scaling, enable_gqa=groups > 1
+            )
         else:
             # The query heads that share a KV head become extra query rows: no K/V copies.
-            qg = ql.reshape(n, kv_heads, groups * q_max, dim)
+            qg = q.reshape(n, kv_heads, groups * q_max, dim)
             o = F.scaled_dot_product_attention(qg, kl, vl, attn_mask=mask, scale=scaling)
-            o = o.reshape(n, heads, q_max, dim)
-    return o.transpose(1, 2)
+    return o.view(n, kv_heads, groups, q_max, dim).permute(0, 3, 1, 2, 4)
 
 
 def _kernels() -> Any:
