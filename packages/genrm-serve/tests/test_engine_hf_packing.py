@@ -152,6 +152,34 @@ async def test_multi_group_batch_reports_shared_prefix_tokens(engine: HFEngine) 
     assert engine.counters["prefix_shared_tokens"] - before == 4 * 3 * 64
 
 
+def test_each_tree_depth_is_one_contiguous_run_cut_by_its_ancestors() -> None:
+    """The layout the GPU's flash path reads without gathers: depth after depth, and at each
+    depth the tokens below one shallower node contiguous, in that node's order."""
+    plan = build_plan(_mixed_prompts(), torch.device("cpu"))
+    assert len(plan.runs) >= 2 and plan.runs[0].start == 0
+    assert plan.runs[-1].stop == plan.num_tokens
+    for d, run in enumerate(plan.runs):
+        assert d == 0 or run.start == plan.runs[d - 1].stop
+        assert int(run.cu[-1]) == run.stop - run.start
+        assert all(int(cu[-1]) == run.stop - run.start for cu in run.cu_by_ancestor)
+    for node in plan.row_node:  # every row's path: each node in the piece of its ancestors
+        path = []
+        cur = node
+        while cur is not None:
+            path.append(cur)
+            cur = cur.parent
+        for n in path:
+            run = plan.runs[n.depth - 1]  # depths count from 1
+            for a in path:
+                if a.depth >= n.depth:
+                    continue
+                up = plan.runs[a.depth - 1]
+                a_index = up.cu.tolist().index(a.offset - up.start)
+                cu = run.cu_by_ancestor[a.depth - 1].tolist()
+                at = n.offset - run.start
+                assert cu[a_index] <= at < cu[a_index + 1], (n.depth, a.depth)
+
+
 def test_radix_tree_of_groups_templates_and_duplicates() -> None:
     template = list(range(100, 140))  # 40 tokens every prompt starts with
     q1, q2 = list(range(200, 230)), list(range(300, 320))

@@ -21,6 +21,7 @@ writes one position per row and attends under a length mask — fixed shapes, no
 
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,10 +131,8 @@ class _Level:
     #: [nodes] position of each node's first token; [nodes] number of its tokens
     q_start: torch.Tensor
     q_len: torch.Tensor
-    #: the real tokens (not padding) of ``[nodes, q_max]``: their node, their place in it, and
-    #: their packed indices
-    src_node: torch.Tensor
-    src_pos: torch.Tensor
+    #: flat positions in ``[nodes * q_max]`` that hold real tokens, and their packed indices
+    src: torch.Tensor
     dest: torch.Tensor
     has_ancestors: bool
     #: the nodes are equally long and lie end to end from packed index 0: views, no gathers
@@ -183,6 +182,8 @@ class PackedPlan:
     shared_tokens: int
     #: when set, layer index → (keys, values) of the packed sequence, ``[T, kv_heads, dim]``
     captured: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    #: each tree depth as a contiguous run (the variable-length kernels' view of the layout)
+    runs: list[_Run] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -210,33 +211,94 @@ def _path(node: PrefixNode) -> list[int]:
 def build_plan(
     prompts: list[list[int]], device: torch.device, min_shared: int = MIN_SHARED_TOKENS
 ) -> PackedPlan:
-    """Lay the radix tree of ``prompts`` out as one packed sequence (depth-first)."""
+    """Lay the radix tree of ``prompts`` out as one packed sequence, one tree depth after the
+    other (breadth-first; at each depth the nodes with children first), the children of each
+    depth in their parents' order. So each depth is one contiguous run and the descendants of a
+    node are contiguous at every deeper depth: what :func:`_prefill_varlen` reads without
+    gathering anything."""
     forest = build_forest(prompts, min_shared)
     ids: list[int] = []
     positions: list[int] = []
-    by_depth: dict[int, list[PrefixNode]] = {}
+    by_depth: list[list[PrefixNode]] = []
     row_node: list[PrefixNode | None] = [None] * len(prompts)
-    stack = list(reversed(forest))
-    while stack:
-        node = stack.pop()
-        node.offset = len(ids)
-        ids.extend(node.tokens)
-        positions.extend(range(node.start, node.end))
-        by_depth.setdefault(node.depth, []).append(node)
-        for r in node.ending:
-            row_node[r] = node
-        stack.extend(reversed(node.children))
+    level = sorted(forest, key=lambda n: not n.children)  # stable: parents first
+    while level:
+        for node in level:
+            node.offset = len(ids)
+            ids.extend(node.tokens)
+            positions.extend(range(node.start, node.end))
+            for r in node.ending:
+                row_node[r] = node
+        by_depth.append(level)
+        level = [c for n in level for c in sorted(n.children, key=lambda c: not c.children)]
     assert all(n is not None for n in row_node)
     nodes_of_row: list[PrefixNode] = [n for n in row_node if n is not None]
-    levels = [_level(by_depth[d], device) for d in sorted(by_depth)]
     return PackedPlan(
         input_ids=torch.tensor([ids], dtype=torch.long, device=device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-        levels=levels,
+        levels=[_level(nodes, device) for nodes in by_depth],
         last_index=[n.offset + len(n.tokens) - 1 for n in nodes_of_row],
         row_node=nodes_of_row,
         shared_tokens=sum(len(p) for p in prompts) - len(ids),
+        runs=_runs(by_depth, device),
     )
+
+
+@dataclass
+class _Run:
+    """One tree depth as a contiguous run ``[start, stop)`` of the packed sequence, for the
+    variable-length kernels (boundaries int32 on the device, as they take them)."""
+
+    start: int
+    stop: int
+    #: its nodes end to end (their own causal attention) and the longest one
+    cu: torch.Tensor
+    max_len: int
+    #: per shallower depth ``l``: this depth's tokens cut by their depth-``l`` ancestor, one
+    #: piece per node of depth ``l`` in order (empty where a node has no descendant here)
+    cu_by_ancestor: list[torch.Tensor]
+    max_by_ancestor: list[int]
+
+
+def _cu(lengths: list[int], device: torch.device) -> torch.Tensor:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def _ancestor(node: PrefixNode, depth: int) -> PrefixNode:
+    cur = node
+    while cur.depth > depth:
+        assert cur.parent is not None
+        cur = cur.parent
+    return cur
+
+
+def _runs(by_depth: list[list[PrefixNode]], device: torch.device) -> list[_Run]:
+    runs: list[_Run] = []
+    for d, nodes in enumerate(by_depth):
+        cu_by: list[torch.Tensor] = []
+        max_by: list[int] = []
+        for shallower in by_depth[:d]:
+            tokens = {id(a): 0 for a in shallower}
+            for n in nodes:
+                tokens[id(_ancestor(n, shallower[0].depth))] += len(n.tokens)
+            pieces = [tokens[id(a)] for a in shallower]
+            cu_by.append(_cu(pieces, device))
+            max_by.append(max(pieces))
+        lengths = [len(n.tokens) for n in nodes]
+        runs.append(
+            _Run(
+                start=nodes[0].offset,
+                stop=nodes[-1].offset + lengths[-1],
+                cu=_cu(lengths, device),
+                max_len=max(lengths),
+                cu_by_ancestor=cu_by,
+                max_by_ancestor=max_by,
+            )
+        )
+    return runs
 
 
 def _level(nodes: list[PrefixNode], device: torch.device) -> _Level:
@@ -246,24 +308,21 @@ def _level(nodes: list[PrefixNode], device: torch.device) -> _Level:
         kv_max = -(-kv_max // 16) * 16  # the fused kernels want a 16-aligned mask row
     q_index = torch.zeros((len(nodes), q_max), dtype=torch.long)
     kv_index = torch.zeros((len(nodes), kv_max), dtype=torch.long)
-    src_node: list[int] = []
-    src_pos: list[int] = []
+    src: list[int] = []
     dest: list[int] = []
     for i, n in enumerate(nodes):
         own = torch.arange(n.offset, n.offset + len(n.tokens))
         q_index[i, : len(n.tokens)] = own
         path = _path(n)
         kv_index[i, : len(path)] = torch.tensor(path, dtype=torch.long)
-        src_node.extend([i] * len(n.tokens))
-        src_pos.extend(range(len(n.tokens)))
+        src.extend(range(i * q_max, i * q_max + len(n.tokens)))
         dest.extend(range(n.offset, n.offset + len(n.tokens)))
     return _Level(
         q_index=q_index.to(device),
         kv_index=kv_index.to(device),
         q_start=torch.tensor([n.start for n in nodes], dtype=torch.long, device=device),
         q_len=torch.tensor([len(n.tokens) for n in nodes], dtype=torch.long, device=device),
-        src_node=torch.tensor(src_node, dtype=torch.long, device=device),
-        src_pos=torch.tensor(src_pos, dtype=torch.long, device=device),
+        src=torch.tensor(src, dtype=torch.long, device=device),
         dest=torch.tensor(dest, dtype=torch.long, device=device),
         has_ancestors=any(n.parent is not None for n in nodes),
         contiguous=all(
@@ -396,38 +455,131 @@ def _prefill(
     v = value[0].transpose(0, 1)
     if plan.captured is not None:
         plan.captured[layer] = (k, v)
+    if window is None and varlen_available(q):
+        return _prefill_varlen(plan.runs, q, k, v, scaling).unsqueeze(0)
+    return _prefill_masked(plan, q, k, v, scaling, window).unsqueeze(0)
+
+
+def _prefill_masked(
+    plan: PackedPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    """The packed prefill anywhere (CPU, fp32, sliding windows): per tree depth one batched
+    SDPA call over its nodes padded to the longest, each against its whole path under a mask.
+    ``[T, heads, dim]`` in and out."""
     total, heads, dim = q.shape
     kv_heads = k.shape[1]
-    groups = heads // kv_heads
     if len(plan.levels) == 1 and plan.levels[0].contiguous:
         level = plan.levels[0]  # no shared prefix, equal lengths: a plain causal batch
         n, q_max = level.q_index.shape
-        q5 = q.reshape(n, q_max, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
         o = _attend(
             level,
-            q5,
+            q.reshape(n, q_max, heads, dim),
             k.reshape(n, q_max, kv_heads, dim),
             v.reshape(n, q_max, kv_heads, dim),
             scaling,
             window,
         )
-        return o.reshape(1, total, heads, dim)
+        return o.reshape(total, heads, dim)
     out = q.new_empty((total, heads, dim))
-    # the query heads as (KV head, group): a level's queries are gathered straight into the
-    # layout its attention call reads, and its output read back from where the call wrote it
-    q4 = q.reshape(total, kv_heads, groups, dim)
-    kv_ar = torch.arange(kv_heads, device=q.device)[None, :, None, None]
-    group_ar = torch.arange(groups, device=q.device)[None, None, :, None]
     for level in plan.levels:
         n, q_max = level.q_index.shape
         kv_max = level.kv_index.shape[1]
-        q5 = q4[level.q_index[:, None, None, :], kv_ar, group_ar]  # [n, kv, groups, q_max, dim]
+        ql = q.index_select(0, level.q_index.view(-1)).view(n, q_max, heads, dim)
         kl = k.index_select(0, level.kv_index.view(-1)).view(n, kv_max, kv_heads, dim)
         vl = v.index_select(0, level.kv_index.view(-1)).view(n, kv_max, kv_heads, dim)
-        o = _attend(level, q5, kl, vl, scaling, window)
-        mine = o[level.src_node, level.src_pos]  # [real tokens, kv, groups, dim]
-        out.index_copy_(0, level.dest, mine.reshape(-1, heads, dim))
-    return out.unsqueeze(0)
+        o = _attend(level, ql, kl, vl, scaling, window).reshape(n * q_max, heads, dim)
+        out.index_copy_(0, level.dest, o.index_select(0, level.src))
+    return out
+
+
+def _find_varlen() -> tuple[Any, dict[str, Any], bool]:
+    """torch's variable-length flash attention (torch >= 2.9), how it is told "causal", and
+    whether it takes grouped KV heads itself (its keywords changed between releases)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None, {}, False
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    return varlen_attn, causal, "enable_gqa" in params
+
+
+_VARLEN, _VARLEN_CAUSAL, _VARLEN_GQA = _find_varlen()
+
+
+def varlen_available(q: torch.Tensor) -> bool:
+    """Whether the flash kernel can run on ``q``: CUDA, half precision, torch >= 2.9."""
+    return _VARLEN is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+
+
+def _flash(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scaling: float | None,
+    *,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One varlen flash call: output ``[Tq, heads, dim]`` and log-sum-exp ``[Tq, heads]``."""
+    from torch.nn.attention.varlen import AuxRequest
+
+    if k.shape[1] != q.shape[1] and not _VARLEN_GQA:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    kwargs: dict[str, Any] = dict(_VARLEN_CAUSAL) if causal else {}
+    if _VARLEN_GQA and k.shape[1] != q.shape[1]:
+        kwargs["enable_gqa"] = True
+    out, lse = _VARLEN(
+        q, k, v, cu_q, cu_k, max_q, max_k, return_aux=AuxRequest(lse=True), scale=scaling, **kwargs
+    )
+    if tuple(lse.shape) == (q.shape[1], q.shape[0]):  # the kernel's own [heads, Tq]
+        lse = lse.transpose(0, 1)
+    return out, lse
+
+
+def _prefill_varlen(
+    runs: list[_Run], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """The packed prefill with no gathers, padding or mask: per tree depth, one causal call
+    over its nodes, and per shallower depth one call of its tokens against their ancestors
+    there (no mask: an ancestor lies wholly before them), merged by their log-sum-exps —
+    exactly the softmax over each token's whole path."""
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    out = q.new_empty(q.shape)
+    for run in runs:
+        a, b = run.start, run.stop
+        qd = q[a:b]
+        o, lse = _flash(
+            qd, k[a:b], v[a:b], run.cu, run.cu, run.max_len, run.max_len, scaling, causal=True
+        )
+        if run.cu_by_ancestor:
+            acc = o.float()
+            for up, cu_q, max_q in zip(runs, run.cu_by_ancestor, run.max_by_ancestor, strict=False):
+                o_up, lse_up = _flash(
+                    qd,
+                    k[up.start : up.stop],
+                    v[up.start : up.stop],
+                    cu_q,
+                    up.cu,
+                    max_q,
+                    up.max_len,
+                    scaling,
+                    causal=False,
+                )
+                # softmax over both key sets: each part weighted by its share of the mass
+                acc = torch.lerp(o_up.float(), acc, torch.sigmoid(lse - lse_up).unsqueeze(-1))
+                lse = torch.logaddexp(lse, lse_up)
+            o = acc.to(q.dtype)
+        out[a:b] = o
+    return out
 
 
 def _attend(
@@ -438,23 +590,24 @@ def _attend(
     scaling: float | None,
     window: int | None,
 ) -> torch.Tensor:
-    """One level's attention. ``q``: ``[nodes, kv_heads, groups, tokens, dim]`` (the query
-    heads that share a KV head, together); ``k`` / ``v``: ``[nodes, tokens, kv_heads, dim]``.
-    Returns ``[nodes, tokens, kv_heads, groups, dim]``, a view of what the kernel wrote."""
-    n, kv_heads, groups, q_max, dim = q.shape
-    kl, vl = k.transpose(1, 2), v.transpose(1, 2)
+    """One level's attention: ``[nodes, tokens, heads, dim]`` in, the same layout out."""
+    n, q_max, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    groups = heads // kv_heads
+    ql, kl, vl = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     mask = level.mask(window, groups, q.dtype)
     with _kernels():
         if mask is None:
-            # flash attention reads the shared KV heads itself (no K/V copies)
+            # flash attention reads the shared KV heads itself: no K/V copies
             o = F.scaled_dot_product_attention(
-                q.flatten(1, 2), kl, vl, is_causal=True, scale=scaling, enable_gqa=groups > 1
+                ql, kl, vl, is_causal=True, scale=scaling, enable_gqa=groups > 1
             )
         else:
             # The query heads that share a KV head become extra query rows: no K/V copies.
-            qg = q.reshape(n, kv_heads, groups * q_max, dim)
+            qg = ql.reshape(n, kv_heads, groups * q_max, dim)
             o = F.scaled_dot_product_attention(qg, kl, vl, attn_mask=mask, scale=scaling)
-    return o.view(n, kv_heads, groups, q_max, dim).permute(0, 3, 1, 2, 4)
+            o = o.reshape(n, heads, q_max, dim)
+    return o.transpose(1, 2)
 
 
 def _kernels() -> Any:
