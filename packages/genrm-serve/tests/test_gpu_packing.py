@@ -40,7 +40,7 @@ def _prompts() -> list[list[int]]:
 
 def test_flash_prefill_equals_the_masked_prefill() -> None:
     plan = build_plan(_prompts(), torch.device("cuda"))
-    assert len(plan.runs) == 3 and plan.shared_tokens > 0
+    assert len(plan.runs) >= 3 and plan.shared_tokens > 0
     total = plan.num_tokens
     g = torch.Generator(device="cuda").manual_seed(0)
 

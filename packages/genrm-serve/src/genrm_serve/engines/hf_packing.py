@@ -21,7 +21,6 @@ writes one position per row and attends under a length mask — fixed shapes, no
 
 from __future__ import annotations
 
-import inspect
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -497,24 +496,16 @@ def _prefill_masked(
     return out
 
 
-def _find_varlen() -> tuple[Any, dict[str, Any], bool]:
-    """torch's variable-length flash attention (torch >= 2.9), how it is told "causal", and
-    whether it takes grouped KV heads itself (its keywords changed between releases)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None, {}, False
-    params = inspect.signature(varlen_attn).parameters
-    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
-    return varlen_attn, causal, "enable_gqa" in params
-
-
-_VARLEN, _VARLEN_CAUSAL, _VARLEN_GQA = _find_varlen()
-
-
 def varlen_available(q: torch.Tensor) -> bool:
-    """Whether the flash kernel can run on ``q``: CUDA, half precision, torch >= 2.9."""
-    return _VARLEN is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+    """Whether the variable-length flash kernel runs on ``q``: CUDA of compute capability 8+,
+    half precision, a head size it supports."""
+    return (
+        q.is_cuda
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and q.shape[-1] <= 256
+        and q.shape[-1] % 8 == 0
+        and torch.cuda.get_device_capability(q.device)[0] >= 8
+    )
 
 
 def _flash(
@@ -529,16 +520,15 @@ def _flash(
     *,
     causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One varlen flash call: output ``[Tq, heads, dim]`` and log-sum-exp ``[Tq, heads]``."""
-    from torch.nn.attention.varlen import AuxRequest
+    """One variable-length flash call: output ``[Tq, heads, dim]``, log-sum-exp ``[Tq, heads]``.
 
-    if k.shape[1] != q.shape[1] and not _VARLEN_GQA:
-        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-    kwargs: dict[str, Any] = dict(_VARLEN_CAUSAL) if causal else {}
-    if _VARLEN_GQA and k.shape[1] != q.shape[1]:
-        kwargs["enable_gqa"] = True
-    out, lse = _VARLEN(
-        q, k, v, cu_q, cu_k, max_q, max_k, return_aux=AuxRequest(lse=True), scale=scaling, **kwargs
+    The flash kernel itself (the op under ``torch.nn.attention.varlen``): it reads grouped KV
+    heads as they are, where the public wrapper of torch 2.11 takes equal head counts only —
+    repeating the keys and values cost 12.6 of 214 ms of kernels per judge batch of the
+    Qwen3-4B shape, and the wrapper's own host time another ~10 ms.
+    """
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scaling
     )
     if tuple(lse.shape) == (q.shape[1], q.shape[0]):  # the kernel's own [heads, Tq]
         lse = lse.transpose(0, 1)
@@ -560,24 +550,23 @@ def _prefill_varlen(
         o, lse = _flash(
             qd, k[a:b], v[a:b], run.cu, run.cu, run.max_len, run.max_len, scaling, causal=True
         )
-        if run.cu_by_ancestor:
-            acc = o.float()
-            for up, cu_q, max_q in zip(runs, run.cu_by_ancestor, run.max_by_ancestor, strict=False):
-                o_up, lse_up = _flash(
-                    qd,
-                    k[up.start : up.stop],
-                    v[up.start : up.stop],
-                    cu_q,
-                    up.cu,
-                    max_q,
-                    up.max_len,
-                    scaling,
-                    causal=False,
-                )
-                # softmax over both key sets: each part weighted by its share of the mass
-                acc = torch.lerp(o_up.float(), acc, torch.sigmoid(lse - lse_up).unsqueeze(-1))
-                lse = torch.logaddexp(lse, lse_up)
-            o = acc.to(q.dtype)
+        for up, cu_q, max_q in zip(runs, run.cu_by_ancestor, run.max_by_ancestor, strict=False):
+            o_up, lse_up = _flash(
+                qd,
+                k[up.start : up.stop],
+                v[up.start : up.stop],
+                cu_q,
+                up.cu,
+                max_q,
+                up.max_len,
+                scaling,
+                causal=False,
+            )
+            # softmax over both key sets: each part weighted by its share of the mass (the
+            # weights from fp32 log-sum-exps, the blend in the outputs' own precision)
+            share = torch.sigmoid(lse - lse_up).unsqueeze(-1).to(o.dtype)
+            o = torch.lerp(o_up, o, share)
+            lse = torch.logaddexp(lse, lse_up)
         out[a:b] = o
     return out
 
