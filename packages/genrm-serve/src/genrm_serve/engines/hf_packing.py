@@ -550,7 +550,8 @@ def _prefill_varlen(
         o, lse = _flash(
             qd, k[a:b], v[a:b], run.cu, run.cu, run.max_len, run.max_len, scaling, causal=True
         )
-        for up, cu_q, max_q in zip(runs, run.cu_by_ancestor, run.max_by_ancestor, strict=False):
+        ancestors = list(zip(runs, run.cu_by_ancestor, run.max_by_ancestor, strict=False))
+        for i, (up, cu_q, max_q) in enumerate(ancestors):
             o_up, lse_up = _flash(
                 qd,
                 k[up.start : up.stop],
@@ -564,9 +565,10 @@ def _prefill_varlen(
             )
             # softmax over both key sets: each part weighted by its share of the mass (the
             # weights from fp32 log-sum-exps, the blend in the outputs' own precision)
-            share = torch.sigmoid(lse - lse_up).unsqueeze(-1).to(o.dtype)
+            share = (lse - lse_up).sigmoid_().unsqueeze(-1).to(o.dtype)
             o = torch.lerp(o_up, o, share)
-            lse = torch.logaddexp(lse, lse_up)
+            if i + 1 < len(ancestors):
+                lse = torch.logaddexp(lse, lse_up)
         out[a:b] = o
     return out
 
