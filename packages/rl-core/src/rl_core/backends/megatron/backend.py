@@ -246,8 +246,8 @@ class MegatronBackend(TrainingBackend):
             self.ref_model = self._build_model(hf_state)
             self.ref_model.eval().requires_grad_(False)
         del hf_state
-        # Megatron's DDP and distributed optimizer, built at the first use (train step, offload,
-        # save, load): a forward-only rank never allocates grad buffers or optimizer state.
+        # Megatron's DDP and distributed optimizer, built at the first use (a train step, a
+        # load): a forward-only rank never allocates grad buffers or optimizer state.
         self._ddp: Any = None
         self._optimizer: Any = None
         self.step = 0
