@@ -88,6 +88,26 @@ def test_reserve_allocates_the_buffers_the_first_offload_then_uses() -> None:
     assert host.host_bytes == 9 * 4  # no second allocation
 
 
+def test_in_place_tensors_free_their_storage_and_keep_their_views() -> None:
+    """A flat buffer that parameters are views of (Megatron DDP's): offload frees its memory
+    without re-binding it, so after onload the same views see the same values."""
+    flat = torch.arange(10.0)
+    w, b = flat[:6].view(2, 3), flat[6:]
+    adam = {"m": torch.full((4,), 2.0)}
+    host = HostOffloader(lambda: adam, in_place=lambda: {"flat": flat}, pin=False, include_cpu=True)
+    host.offload()
+    assert flat.untyped_storage().nbytes() == 0  # the memory is gone; the tensor object stays
+    torch.testing.assert_close(host.buffer("flat"), torch.arange(10.0), rtol=0, atol=0)
+    assert adam["m"].data_ptr() == host.buffer("m").data_ptr()  # the others are re-bound
+    host.onload()
+    torch.testing.assert_close(w, torch.arange(6.0).view(2, 3), rtol=0, atol=0)
+    b.add_(1)  # still views of the buffer
+    assert flat[6].item() == 7.0
+    assert host.host_bytes == (10 + 4) * 4
+    with pytest.raises(RuntimeError, match="not its whole storage"):
+        HostOffloader(dict, in_place=lambda: {"w": w[1]}, pin=False, include_cpu=True).offload()
+
+
 def test_offload_refuses_a_tensor_that_changed_shape() -> None:
     t = {"w": torch.zeros(4)}
     host = HostOffloader(lambda: t, pin=False, include_cpu=True)

@@ -274,6 +274,38 @@ def test_offload_blocks_use_until_onload(qwen3_path, megatron):
     assert len(b.logprobs(train_items())) == 4
 
 
+def test_offload_frees_ddp_buffers_in_place_and_training_resumes_exactly(qwen3_path, megatron):
+    """What an offload moves, and how: DDP's parameter buffer is freed in place (parameters and
+    optimizer shards stay its views), the Adam state is re-bound to host buffers; after onload
+    the next step equals that of a backend that never moved. On CPU the backend moves nothing,
+    so the offloader runs with the CPU standing in for the device, on the backend's own sets."""
+    from genrm_serve import HostOffloader
+
+    cfg = BackendConfig(lr=1e-2)
+    moved, still = megatron(qwen3_path, cfg), megatron(qwen3_path, cfg)
+    for b in (moved, still):
+        b.train_step(train_items(), old_logprobs=None)
+    views = moved.offload_views()
+    assert list(views) == ["ddp:0"]
+    assert any(n.endswith(":exp_avg_sq") for n in moved.offload_tensors())
+    host = HostOffloader(
+        moved.offload_tensors, in_place=moved.offload_views, pin=False, include_cpu=True
+    )
+    weights = moved.export_weights()
+    host.offload()
+    assert views["ddp:0"].untyped_storage().nbytes() == 0
+    for name, t in moved.offload_tensors().items():
+        assert t.data_ptr() == host.buffer(name).data_ptr(), name
+    host.onload()
+    for k, v in moved.export_weights().items():
+        assert torch.equal(v, weights[k]), k
+    for b in (moved, still):
+        b.train_step(train_items(), old_logprobs=None)
+    want = still.export_weights()
+    for k, v in moved.export_weights().items():
+        assert torch.equal(v, want[k]), k
+
+
 # --- two processes: tensor parallel and data parallel over gloo ---------------------------------
 
 

@@ -21,6 +21,8 @@ writes one position per row and attends under a length mask — fixed shapes, no
 
 from __future__ import annotations
 
+import functools
+import itertools
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,7 +174,8 @@ class PackedPlan:
 
     input_ids: torch.Tensor  # [1, T]
     position_ids: torch.Tensor  # [1, T]
-    levels: list[_Level]
+    #: the tree's nodes depth by depth, in packed order
+    depths: list[list[PrefixNode]]
     #: per row: packed index of its last prompt token (where its first reply token comes from)
     last_index: list[int]
     #: per row: the node its prompt ends at
@@ -181,12 +184,23 @@ class PackedPlan:
     shared_tokens: int
     #: when set, layer index → (keys, values) of the packed sequence, ``[T, kv_heads, dim]``
     captured: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
-    #: each tree depth as a contiguous run (the variable-length kernels' view of the layout)
-    runs: list[_Run] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
+
+    # Each attention path's view of the layout, built at its first layer (a forward takes one
+    # path, so the other's index tensors are never made or copied to the device).
+
+    @functools.cached_property
+    def levels(self) -> list[_Level]:
+        """Per depth, the gather indices and masks of the masked SDPA path."""
+        return [_level(nodes, self.input_ids.device) for nodes in self.depths]
+
+    @functools.cached_property
+    def runs(self) -> list[_Run]:
+        """Per depth, the contiguous run and boundaries of the variable-length flash path."""
+        return _runs(self.depths, self.input_ids.device)
 
     def row_paths(self, rows: list[int], device: torch.device) -> tuple[torch.Tensor, list[int]]:
         """``[len(rows), max_len]`` packed indices of each row's whole prompt, and the lengths."""
@@ -235,11 +249,10 @@ def build_plan(
     return PackedPlan(
         input_ids=torch.tensor([ids], dtype=torch.long, device=device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-        levels=[_level(nodes, device) for nodes in by_depth],
+        depths=by_depth,
         last_index=[n.offset + len(n.tokens) - 1 for n in nodes_of_row],
         row_node=nodes_of_row,
         shared_tokens=sum(len(p) for p in prompts) - len(ids),
-        runs=_runs(by_depth, device),
     )
 
 
@@ -260,10 +273,8 @@ class _Run:
 
 
 def _cu(lengths: list[int], device: torch.device) -> torch.Tensor:
-    out = [0]
-    for n in lengths:
-        out.append(out[-1] + n)
-    return torch.tensor(out, dtype=torch.int32, device=device)
+    """Cumulative boundaries ``[0, l0, l0 + l1, ...]``, int32 as the kernels take them."""
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
 
 
 def _ancestor(node: PrefixNode, depth: int) -> PrefixNode:

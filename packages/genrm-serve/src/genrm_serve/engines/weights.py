@@ -78,6 +78,11 @@ class HostOffloader:
     Each tensor is moved by rebinding its ``.data`` (a parameter stays the same ``Parameter``
     object, an optimizer's state dict keeps its tensors), so nothing outside needs re-pointing.
 
+    ``in_place()`` (optional) names tensors that others are views of — a flat buffer a model's
+    parameters live in. Re-binding would leave the views on the old memory, so these are copied
+    out and their storage resized to 0 instead; onload gives each its storage back and copies in,
+    and every view is valid again. While offloaded, ``buffer(name)`` holds their values.
+
     Buffers: the first offload of a name allocates its slot in a slab (one allocation per dtype
     per new set of names), pinned with ``cudaHostRegister`` where CUDA is available — exact size,
     unlike the caching host allocator, which rounds every request up to a power of two. Later
@@ -88,11 +93,15 @@ class HostOffloader:
         self,
         tensors: Callable[[], Mapping[str, torch.Tensor]],
         *,
+        in_place: Callable[[], Mapping[str, torch.Tensor]] | None = None,
         pin: bool | None = None,
         empty_cache: bool = True,
         include_cpu: bool = False,
     ) -> None:
         self._tensors = tensors
+        self._in_place = in_place or dict
+        #: name → bytes of the storage an in-place tensor had (what onload gives back)
+        self._storage_bytes: dict[str, int] = {}
         #: also move tensors that are on the CPU already (tests of the buffer logic on CPU)
         self.include_cpu = include_cpu
         self.pin = torch.cuda.is_available() if pin is None else pin
@@ -134,22 +143,28 @@ class HostOffloader:
                 self._buffers[name] = flat[offset : offset + t.numel()].view(t.shape)
                 offset += t.numel()
 
+    def _on_device(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {n: t for n, t in tensors.items() if self.include_cpu or t.device.type != "cpu"}
+
     def _moving(self) -> dict[str, torch.Tensor]:
-        return {
-            n: t for n, t in self._tensors().items() if self.include_cpu or t.device.type != "cpu"
-        }
+        return self._on_device(self._tensors())
 
     def reserve(self) -> None:
         """Allocate (and pin) the buffers of what would move now, moving nothing: the next
         offload is then a copy only. Names already reserved keep their buffers."""
-        self._allocate({n: t for n, t in self._moving().items() if n not in self._buffers})
+        every = self._moving() | self._on_device(self._in_place())
+        self._allocate({n: t for n, t in every.items() if n not in self._buffers})
 
     def offload(self) -> None:
         """Device → host buffers; device memory released."""
         if self.offloaded:
             return
         t0 = time.perf_counter()
-        moving = self._moving()
+        in_place = self._on_device(self._in_place())
+        for name, t in in_place.items():
+            if t.storage_offset() != 0 or not t.is_contiguous():
+                raise RuntimeError(f"offload: in-place tensor {name} is not its whole storage")
+        moving = self._moving() | in_place
         stale = [
             n
             for n, t in moving.items()
@@ -164,9 +179,13 @@ class HostOffloader:
         if self.pin:
             torch.cuda.synchronize()
         for name, t in moving.items():
+            if name in in_place:
+                self._storage_bytes[name] = t.untyped_storage().nbytes()
+                t.untyped_storage().resize_(0)
+                continue
             self._devices[name] = t.device
             t.data = self._buffers[name]
-        del moving
+        del moving, in_place
         if self.empty_cache and torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.offloaded = True
@@ -177,6 +196,9 @@ class HostOffloader:
         if not self.offloaded:
             return
         t0 = time.perf_counter()
+        for name, view_base in self._on_device(self._in_place()).items():
+            view_base.untyped_storage().resize_(self._storage_bytes.pop(name))
+            view_base.copy_(self._buffers[name], non_blocking=self.pin)
         current = self._tensors()
         for name, device in self._devices.items():
             t = current.get(name)

@@ -252,8 +252,7 @@ class MegatronBackend(TrainingBackend):
         self._optimizer: Any = None
         self.step = 0
         self.offloaded = False
-        # Pinned host buffers, one per (owner, key), allocated at the first offload and reused.
-        self._host: dict[tuple[int, str], torch.Tensor] = {}
+        self._host: Any = None  # HostOffloader, made at the first offload on a GPU
 
     @property
     def parallel_impl(self) -> str:
@@ -607,74 +606,59 @@ class MegatronBackend(TrainingBackend):
             return []
         return list(self._ddp.buffers) + list(self._ddp.expert_parallel_buffers)
 
-    def _swapped(self) -> Iterator[tuple[Any, str, torch.Tensor]]:
-        """(owner, key, tensor) of what an offload swaps for a host tensor: the Adam state of
-        this rank's shard, the reference model's weights, and the policy's own weights until
-        DDP holds them (a forward-only rank)."""
+    def offload_tensors(self) -> dict[str, torch.Tensor]:
+        """What an offload re-binds to host memory: the Adam state of this rank's shard, the
+        reference model, and the policy's own weights while DDP does not hold them yet (a
+        forward-only rank). Names are stable across steps: each offload reuses the buffers."""
+        out: dict[str, torch.Tensor] = {}
         if self._optimizer is not None:
-            for state in self._optimizer.optimizer.state.values():
-                for k, v in state.items():
-                    if isinstance(v, torch.Tensor) and v.dim() > 0:
-                        yield state, k, v
-        for model in (self.ref_model, None if self._ddp is not None else self.model):
+            inner = self._optimizer.optimizer
+            for g, group in enumerate(inner.param_groups):
+                for i, p in enumerate(group["params"]):
+                    for k, v in inner.state.get(p, {}).items():
+                        if isinstance(v, torch.Tensor) and v.dim() > 0:
+                            out[f"adam:{g}.{i}:{k}"] = v
+        for prefix, model in (
+            ("ref", self.ref_model),
+            ("policy", self.model if self._ddp is None else None),
+        ):
             if model is not None:
-                for p in model.parameters():
-                    yield p, "data", p.data
+                out |= {f"{prefix}:{n}": p for n, p in model.named_parameters()}
+        return out
 
-    def _to_host(self, owner: Any, key: str, t: torch.Tensor) -> torch.Tensor:
-        slot = (id(owner), key)
-        host = self._host.get(slot)
-        if host is None or host.shape != t.shape or host.dtype != t.dtype:
-            host = self._host[slot] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        host.copy_(t, non_blocking=True)
-        return host
+    def offload_views(self) -> dict[str, torch.Tensor]:
+        """DDP's contiguous parameter buffers: every parameter and optimizer shard is a view
+        of one, so an offload frees their storage in place (see ``HostOffloader``)."""
+        return {f"ddp:{i}": buf.param_data for i, buf in enumerate(self._buffers())}
 
     def offload(self) -> None:
-        """Everything on the accelerator to pinned host buffers (allocated once, reused); the
-        gradient buffers are freed (they are zero between steps).
-
-        DDP's parameter buffers keep their identity (their storage is copied out and resized
-        to 0; onload resizes it back and copies in), so the parameters and the optimizer's
-        shards, all views into them, stay valid. The Adam state and any weights outside DDP
-        are swapped for their host copies: a checkpoint or a weight sync reads them there.
-        """
+        """Everything on the accelerator to pinned host buffers (allocated once, reused) by
+        ``genrm_serve.HostOffloader``; DDP's gradient buffers are freed (zero between steps).
+        While offloaded, a checkpoint or a weight sync reads the host copies."""
         if self.offloaded:
             return
         if self.device.type != "cpu":
-            for buf in self._buffers():
-                self._to_host(buf, "param_data", buf.param_data)
-            for owner, key, t in list(self._swapped()):
-                host = self._to_host(owner, key, t)
-                if key == "data":
-                    owner.data = host
-                else:
-                    owner[key] = host
-            torch.cuda.synchronize()
-            for buf in self._buffers():
-                buf.param_data.untyped_storage().resize_(0)
+            if self._host is None:
+                from genrm_serve import HostOffloader
+
+                self._host = HostOffloader(self.offload_tensors, in_place=self.offload_views)
+            self._host.offload()
             if self._ddp is not None:
-                self._ddp.offload_grad_buffers(synchronize=False, empty_cache=False)
-            torch.cuda.empty_cache()
+                self._ddp.offload_grad_buffers(synchronize=False)
         self.offloaded = True
 
     def onload(self) -> None:
         if not self.offloaded:
             return
         if self.device.type != "cpu":
-            for buf in self._buffers():
-                host = self._host[(id(buf), "param_data")]
-                buf.param_data.untyped_storage().resize_(host.numel() * host.element_size())
-                buf.param_data.copy_(host, non_blocking=True)
             if self._ddp is not None:
-                self._ddp.restore_grad_buffers(synchronize=False)
-            for owner, key, t in list(self._swapped()):
-                on = t.to(self.device, non_blocking=True)
-                if key == "data":
-                    owner.data = on
-                else:
-                    owner[key] = on
-            torch.cuda.synchronize()
+                self._ddp.restore_grad_buffers()
+            self._host.onload()
         self.offloaded = False
+
+    def last_move(self) -> dict[str, float]:
+        """Seconds of the last offload / onload (empty on CPU, where nothing moves)."""
+        return dict(self._host.last) if self._host is not None else {}
 
     def _local_params(self) -> dict[str, torch.Tensor]:
         """This rank's Megatron parameters where they are now: the device, or (offloaded) their
@@ -683,8 +667,8 @@ class MegatronBackend(TrainingBackend):
         if not (self.offloaded and self._buffers()):
             return local
         where = {}
-        for buf in self._buffers():
-            host = self._host[(id(buf), "param_data")]
+        for i, buf in enumerate(self._buffers()):
+            host = self._host.buffer(f"ddp:{i}")
             for param, (start, end, _) in buf.param_index_map.items():
                 where[id(param)] = host[start:end]
         return {k: where[id(p)].view(p.shape) for k, p in self.model.named_parameters()}
@@ -753,7 +737,12 @@ class MegatronBackend(TrainingBackend):
         if not (path / "state.json").is_file():
             raise FileNotFoundError(f"--load {path}: not a checkpoint (no state.json)")
         state = json.loads((path / "state.json").read_text())
-        saved = (state.get("tp"), state.get("dp"))
+        if "tp" not in state or "dp" not in state:
+            raise ValueError(
+                f"--load {path}: state.json has no 'tp' / 'dp' (written before the Megatron "
+                "backend sharded its optimizer): its optimizer state cannot be placed"
+            )
+        saved = (state["tp"], state["dp"])
         if saved != (self.tp_size, self.dp_size):
             raise ValueError(
                 f"--load {path}: saved at tensor parallel {saved[0]} × data parallel {saved[1]}, "
