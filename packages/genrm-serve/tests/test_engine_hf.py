@@ -13,6 +13,7 @@ from genrm_client.types import Message, SamplingParams
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
 from genrm_serve.engines.base import (
     EngineAsleepError,
+    EngineBatchError,
     EngineError,
     EngineOutput,
     EngineRequest,
@@ -116,13 +117,20 @@ def test_fallback_template_for_models_without_one(tiny_dir: Path, tmp_path: Path
     assert text == "<bos>Judge.\n\nUser: Is 1 = 1?\n\nAssistant:"
 
 
-async def test_over_long_prompt_is_rejected_before_any_compute(tiny_dir: Path) -> None:
+async def test_over_long_prompt_is_refused_alone_before_any_compute(tiny_dir: Path) -> None:
     eng = await _aengine(tiny_dir, max_context_len=24)
     before = dict(eng.counters)
     with pytest.raises(PromptTooLongError) as info:
-        await eng.generate([_req("short"), _req("far " * 40)])
+        await eng.generate([_req("far " * 40)])
     assert info.value.max_context_len == 24 and info.value.prompt_tokens > 24
-    assert eng.counters == before  # no forward pass ran, not even for the short neighbour
+    assert eng.counters == before  # no forward pass ran
+    with pytest.raises(EngineBatchError) as batch:
+        await eng.generate([_req("short", max_response_len=1), _req("far " * 40)])
+    short, refused = batch.value.results
+    assert isinstance(refused, PromptTooLongError)
+    assert isinstance(short, EngineOutput) and short.completion_tokens == 1
+    # only the short neighbour's prompt went through the model
+    assert eng.counters["forward_tokens"] - before["forward_tokens"] == short.prompt_tokens
     ok = await _one(eng, _req("short", max_response_len=100))
     assert ok.prompt_tokens + ok.completion_tokens <= 24  # generation stops at the context
 

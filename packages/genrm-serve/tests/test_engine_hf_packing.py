@@ -11,7 +11,12 @@ import torch
 
 from genrm_client.types import Message, SamplingParams
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
-from genrm_serve.engines.base import EngineOutput, EngineRequest
+from genrm_serve.engines.base import (
+    EngineBatchError,
+    EngineOutput,
+    EngineRequest,
+    PromptTooLongError,
+)
 from genrm_serve.engines.hf import HFEngine, VerdictUnavailableError
 from genrm_serve.engines.hf_packing import build_forest, build_plan
 from genrm_serve.engines.hf_sampling import RowSampling, sample
@@ -306,6 +311,23 @@ async def test_logprob_verdict_is_refused_with_thinking_on(engine: HFEngine) -> 
     with pytest.raises(VerdictUnavailableError, match="thinking off"):
         await engine.generate([_judge_request("Reply 1 or 0.", logprob_verdict=True)])
     assert engine.counters == before
+
+
+async def test_a_refused_request_fails_alone_and_its_batch_neighbours_run(
+    engine: HFEngine,
+) -> None:
+    # Concurrent callers share engine batches: one caller's bad value must not fail the others.
+    good = [_judge_request(f"Is {i} + 1 = {i + 1}? Reply 1 or 0.") for i in range(2)]
+    alone = await engine.generate(good)
+    too_long = EngineRequest(sampling=good[0].sampling, prompt_token_ids=[11] * 9000)
+    bad = _judge_request("Reply 1 or 0.", logprob_verdict=True)  # thinking on
+    with pytest.raises(EngineBatchError) as info:
+        await engine.generate([good[0], bad, too_long, good[1]])
+    first, refused, over, second = info.value.results
+    assert isinstance(refused, VerdictUnavailableError)
+    assert isinstance(over, PromptTooLongError)
+    assert isinstance(first, EngineOutput) and isinstance(second, EngineOutput)
+    assert [first.token_ids, second.token_ids] == [o.token_ids for o in alone]
 
 
 def _tiny_gemma3(path: Path) -> Path:

@@ -7,13 +7,21 @@ engine choice and health need (they read slot state, never call an engine).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from genrm_client.types import DEFAULT_ROUTE_KEY, SamplingParams
+from genrm_client.types import DEFAULT_ROUTE_KEY, Message, SamplingParams
 from genrm_serve.app import _max_ongoing, build_app
 from genrm_serve.config import GenRMConfigError, InstanceSpec, build_instances
 from genrm_serve.engine_refs import EngineRef, instance_bundles, normalize_engines
+from genrm_serve.engines.base import (
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    PromptTooLongError,
+    RequestRefusedError,
+)
 from genrm_serve.errors import ServiceError
 from genrm_serve.health import health_report
 from genrm_serve.ingress import _sampling
@@ -211,3 +219,72 @@ def test_serve_max_ongoing_requests_is_above_what_admission_lets_through() -> No
     n = _max_ongoing(instances, ServeArgs(api_key=None))
     assert n >= 2 * (2 * 64 + 1000)
     assert DEFAULT_ROUTE_KEY in instances
+
+
+# ---- batches: what fails alone, what fails over ------------------------------------------------
+
+
+class _Batches:
+    """An engine actor's ``generate_many`` as the router calls it: one entry per request."""
+
+    def __init__(self, answer: Callable[[EngineRequest], EngineOutput | BaseException]) -> None:
+        self.answer = answer
+        self.calls = 0
+        self.generate_many = self
+
+    def remote(self, requests: list[EngineRequest], **kwargs: object) -> Awaitable[list[object]]:
+        assert kwargs == {"return_exceptions": True}  # the router's batches never raise whole
+        self.calls += 1
+
+        async def run() -> list[object]:
+            return [self.answer(r) for r in requests]
+
+        return run()
+
+
+def _text(r: EngineRequest) -> str:
+    assert r.messages is not None
+    return r.messages[0].content
+
+
+def _answer(r: EngineRequest) -> EngineOutput | BaseException:
+    if _text(r) == "too long":
+        return PromptTooLongError(9000, 8192)
+    if _text(r) == "verdict":
+        return RequestRefusedError("sampling_params.logprob_verdict needs thinking off")
+    return EngineOutput(_text(r).upper(), "stop", prompt_tokens=1, completion_tokens=1)
+
+
+def _requests(*texts: str) -> list[EngineRequest]:
+    sampling = SamplingParams(temperature=0.0)
+    return [
+        EngineRequest(sampling=sampling, messages=[Message(role="user", content=t)]) for t in texts
+    ]
+
+
+async def test_a_refused_request_of_a_batch_fails_alone_with_its_own_status() -> None:
+    r = _router(limit=8)
+    engines = [_Batches(_answer), _Batches(_answer)]
+    for slot, engine in zip(r.slots, engines, strict=True):
+        slot.handle = engine
+    results = await r.generate_many(_requests("a", "verdict", "too long", "b"))
+    first, verdict, long, last = results
+    assert isinstance(first, tuple) and first[0].text == "A"
+    assert isinstance(last, tuple) and last[0].text == "B"
+    assert isinstance(verdict, ServiceError) and (verdict.status, verdict.type) == (
+        422,
+        "invalid_request",
+    )
+    assert "logprob_verdict" in verdict.message
+    assert isinstance(long, ServiceError) and long.status == 413
+    assert sum(e.calls for e in engines) == 1  # refused requests are not tried elsewhere
+
+
+async def test_a_batch_the_engine_failed_as_a_whole_fails_over_to_another_engine() -> None:
+    r = _router(limit=8)
+    broken = _Batches(lambda req: EngineError("CUDA error: an illegal memory access"))
+    working = _Batches(_answer)
+    r.slots[0].handle, r.slots[1].handle = broken, working
+    results = await r.generate_many(_requests("a", "b"))
+    assert [res[0].text for res in results if isinstance(res, tuple)] == ["A", "B"]
+    assert (broken.calls, working.calls) == (1, 1)

@@ -32,6 +32,7 @@ from genrm_serve.engines.base import (
     EngineOutput,
     EngineRequest,
     PromptTooLongError,
+    RequestRefusedError,
 )
 from genrm_serve.errors import ServiceError
 
@@ -55,6 +56,14 @@ def error_message(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def _engine_failed(results: list[Any]) -> bool:
+    """Every request of a batch failed and none was refused for its own sake: the engine failed
+    (another engine may serve them), not the requests."""
+    return bool(results) and all(
+        isinstance(r, BaseException) and not isinstance(r, RequestRefusedError) for r in results
+    )
 
 
 def _cancel(ref: Any) -> None:
@@ -273,19 +282,19 @@ class InstanceRouter:
 
     # ---- calls -----------------------------------------------------------------------------
 
-    async def _call(self, slot: EngineSlot, method: str, payload: Any) -> Any:
+    async def _call(self, slot: EngineSlot, method: str, payload: Any, **kwargs: Any) -> Any:
         start = time.monotonic()
         ref: Any = None
         try:
-            ref = getattr(slot.handle, method).remote(payload)
+            ref = getattr(slot.handle, method).remote(payload, **kwargs)
             result = await asyncio.wait_for(ref, self.request_timeout_s)
+            if kwargs.get("return_exceptions") and _engine_failed(result):
+                raise result[0]  # every request failed, none for its own sake: the engine did
         except asyncio.CancelledError:
             _cancel(ref)  # the caller went away: free the engine's slot for someone else
             raise
-        except PromptTooLongError as err:
-            raise ServiceError(
-                "prompt_too_long", error_message(err), route_key=self.route_key
-            ) from err
+        except RequestRefusedError as err:
+            raise self._item_error(err) from err
         except TimeoutError as err:
             _cancel(ref)
             raise ServiceError(
@@ -305,10 +314,12 @@ class InstanceRouter:
         self._avg_latency_s = 0.9 * self._avg_latency_s + 0.1 * (time.monotonic() - start)
         return result
 
-    async def _with_retry(self, n: int, method: str, payload: Any) -> tuple[Any, EngineSlot]:
+    async def _with_retry(
+        self, n: int, method: str, payload: Any, **kwargs: Any
+    ) -> tuple[Any, EngineSlot]:
         slot = await self.acquire(n)
         try:
-            return await self._call(slot, method, payload), slot
+            return await self._call(slot, method, payload, **kwargs), slot
         except _EngineFailure as first:
             failure = first
         finally:
@@ -322,7 +333,7 @@ class InstanceRouter:
                 self.route_key, f"{failure}; no other healthy engine to retry on"
             ) from err
         try:
-            return await self._call(retry, method, payload), retry
+            return await self._call(retry, method, payload, **kwargs), retry
         except _EngineFailure as second:
             if failure.asleep and second.asleep:
                 raise ServiceError.asleep(self.route_key) from second
@@ -333,12 +344,9 @@ class InstanceRouter:
         finally:
             self.release(retry, n)
 
-    async def generate(
-        self, request: EngineRequest, *, admitted: bool = False
-    ) -> tuple[EngineOutput, EngineSlot]:
+    async def generate(self, request: EngineRequest) -> tuple[EngineOutput, EngineSlot]:
         """One request: least-loaded engine, one retry elsewhere on an engine failure."""
-        if not admitted:
-            self.admit(1)
+        self.admit(1)
         out, slot = await self._with_retry(1, "generate", request)
         return out, slot
 
@@ -347,8 +355,8 @@ class InstanceRouter:
     ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
         """Many requests, in chunks of ``max_batch_size`` spread over the engines, in order.
 
-        A chunk that one bad prompt spoils (over-long) is re-run request by request, so that
-        only that request gets the error.
+        A request the engine refuses (an over-long prompt, a value it cannot honour) gets its
+        own error; its neighbours are answered.
         """
         chunks = [requests[i : i + self.max_batch] for i in range(0, len(requests), self.max_batch)]
 
@@ -356,11 +364,11 @@ class InstanceRouter:
             chunk: list[EngineRequest],
         ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
             try:
-                outs, slot = await self._with_retry(len(chunk), "generate_many", chunk)
+                outs, slot = await self._with_retry(
+                    len(chunk), "generate_many", chunk, return_exceptions=True
+                )
             except ServiceError as err:
-                if err.type != "prompt_too_long" or len(chunk) == 1:
-                    return [err] * len(chunk)
-                return list(await asyncio.gather(*(self._one(r) for r in chunk)))
+                return [err] * len(chunk)
             results: list[tuple[EngineOutput, EngineSlot] | ServiceError] = []
             for out in outs:
                 if isinstance(out, BaseException):
@@ -372,17 +380,12 @@ class InstanceRouter:
         parts = await asyncio.gather(*(run_chunk(c) for c in chunks))
         return [r for part in parts for r in part]
 
-    async def _one(self, request: EngineRequest) -> tuple[EngineOutput, EngineSlot] | ServiceError:
-        try:
-            return await self.generate(request, admitted=True)
-        except ServiceError as err:
-            return err
-
     def _item_error(self, err: BaseException) -> ServiceError:
         if isinstance(err, ServiceError):
             return err
-        if isinstance(err, PromptTooLongError):
-            return ServiceError("prompt_too_long", error_message(err), route_key=self.route_key)
+        if isinstance(err, RequestRefusedError):
+            type_ = "prompt_too_long" if isinstance(err, PromptTooLongError) else "invalid_request"
+            return ServiceError(type_, error_message(err), route_key=self.route_key)
         return ServiceError.unavailable(self.route_key, error_message(err))
 
     # ---- sleep / wake ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from genrm_serve.engines.base import (
     EngineRequest,
     EngineState,
     PromptTooLongError,
+    RequestRefusedError,
 )
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "EngineRequest",
     "EngineState",
     "PromptTooLongError",
+    "RequestRefusedError",
     "make_engine",
     "resolve_engine_kind",
 ]

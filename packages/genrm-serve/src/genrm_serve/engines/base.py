@@ -23,6 +23,7 @@ __all__ = [
     "EngineRequest",
     "EngineState",
     "PromptTooLongError",
+    "RequestRefusedError",
 ]
 
 EngineState = Literal["created", "loading", "awake", "asleep", "failed", "stopped"]
@@ -51,7 +52,14 @@ class EngineBatchError(EngineError):
         self.results = results
 
 
-class PromptTooLongError(EngineError):
+class RequestRefusedError(EngineError):
+    """This request, by itself, is one the engine refuses (a value it cannot honour): it fails
+    alone, before any compute, while its batch neighbours run; no other engine is tried, as every
+    engine would refuse it too (HTTP 422 unless a subclass says otherwise).
+    """
+
+
+class PromptTooLongError(RequestRefusedError):
     """The prompt is longer than ``max_context_len``: refused before any compute (HTTP 413)."""
 
     def __init__(self, prompt_tokens: int, max_context_len: int) -> None:

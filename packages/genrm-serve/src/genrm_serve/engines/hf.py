@@ -51,7 +51,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -60,9 +60,11 @@ from genrm_serve.config import InstanceSpec
 from genrm_serve.engines.base import (
     Engine,
     EngineAsleepError,
+    EngineBatchError,
     EngineError,
     EngineOutput,
     EngineRequest,
+    RequestRefusedError,
 )
 from genrm_serve.engines.hf_packing import (
     DecodeState,
@@ -205,7 +207,7 @@ def _weakest_link(rows: list[_Row], following: _Row) -> int:
     return best
 
 
-class VerdictUnavailableError(EngineError):
+class VerdictUnavailableError(RequestRefusedError):
     """A logprob verdict was asked for where it means nothing (thinking on, "1"/"0" not tokens)."""
 
 
@@ -564,15 +566,30 @@ class HFEngine(Engine):
 
     def _generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
         t0 = time.monotonic()
-        rows = [self._make_row(r) for r in requests]  # every length check before any compute
-        with self._lock:
-            if self.model is None:
-                raise EngineAsleepError(f"engine {self.engine_id} is asleep")
-            for chunk in self._chunks(rows):
-                self._run_chunk(chunk)
-        self.counters["batches"] += 1
+        # Every check before any compute; a refused request fails alone, the others run.
+        entries: list[_Row | RequestRefusedError] = []
+        for request in requests:
+            try:
+                entries.append(self._make_row(request))
+            except RequestRefusedError as err:
+                entries.append(err)
+        rows = [e for e in entries if isinstance(e, _Row)]
+        if len(entries) == 1 and not rows:
+            raise cast(RequestRefusedError, entries[0])
+        if rows:
+            with self._lock:
+                if self.model is None:
+                    raise EngineAsleepError(f"engine {self.engine_id} is asleep")
+                for chunk in self._chunks(rows):
+                    self._run_chunk(chunk)
+            self.counters["batches"] += 1
         elapsed = time.monotonic() - t0
-        return [self._output(row, elapsed, len(rows)) for row in rows]
+        outputs: list[EngineOutput | BaseException] = [
+            self._output(e, elapsed, len(rows)) if isinstance(e, _Row) else e for e in entries
+        ]
+        if len(rows) < len(entries):
+            raise EngineBatchError(outputs)
+        return cast(list[EngineOutput], outputs)
 
     def _chunks(self, rows: list[_Row]) -> list[list[_Row]]:
         """Sub-batches of at most ``max_batch_size`` rows and :data:`MAX_BATCH_TOKENS` tokens.

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 from genrm_serve import limits
 from genrm_serve.config import InstanceSpec
@@ -31,7 +31,7 @@ from genrm_serve.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequest,
-    PromptTooLongError,
+    RequestRefusedError,
 )
 
 __all__ = [
@@ -313,13 +313,25 @@ class EngineWorker:
         (pending,) = self._submit([request])
         return await self._wait(pending)
 
-    async def generate_many(self, requests: list[EngineRequest]) -> list[EngineOutput]:
+    @overload
+    async def generate_many(
+        self, requests: list[EngineRequest], return_exceptions: Literal[False] = False
+    ) -> list[EngineOutput]: ...
+    @overload
+    async def generate_many(
+        self, requests: list[EngineRequest], return_exceptions: Literal[True]
+    ) -> list[EngineOutput | BaseException]: ...
+    async def generate_many(
+        self, requests: list[EngineRequest], return_exceptions: bool = False
+    ) -> list[EngineOutput] | list[EngineOutput | BaseException]:
         """Several requests in one engine batch (unless more than ``max_batch_size``), results
-        in order; the first failure is raised."""
+        in order; the first failure is raised, or with ``return_exceptions`` each failed
+        request's error is its entry (the service's batches: one bad request fails alone)."""
         if not requests:
             return []
         pending = self._submit(requests)
-        return list(await asyncio.gather(*(self._wait(p) for p in pending)))
+        waits = (self._wait(p) for p in pending)
+        return list(await asyncio.gather(*waits, return_exceptions=return_exceptions))
 
     def _submit(self, requests: list[EngineRequest]) -> _Unit:
         engine = self._engine()
@@ -427,12 +439,13 @@ class EngineWorker:
                 else:
                     self._deliver(engine, p, entry, len(batch))
             return
-        except PromptTooLongError as err:
+        except RequestRefusedError as err:
             if len(batch) == 1:
                 self._settle(batch[0], err)
                 return
-            # One over-long prompt must not fail its neighbours: the check comes before any
-            # compute, so re-running one by one costs only tokenisation.
+            # An engine that refuses the whole batch for one request (an over-long prompt): that
+            # request must not fail its neighbours. The checks come before any compute, so
+            # re-running one by one costs only tokenisation.
             for p in batch:
                 await self._run([p])
             return
