@@ -46,17 +46,16 @@ import torch
 from ray import serve
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hf_engine import SHAPES, _judge_prompts  # noqa: E402
+from hf_engine import SHAPES, _judge_prompts
 
-from genrm_client.types import Message  # noqa: E402
-from genrm_serve.app import build_app, deploy, wait_until_healthy  # noqa: E402
-from genrm_client.types import SamplingParams  # noqa: E402
-from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec  # noqa: E402
-from genrm_serve.engines.base import EngineRequest  # noqa: E402
-from genrm_serve.engines.hf import HFEngine  # noqa: E402
-from genrm_serve.models import resolve_model_path  # noqa: E402
-from genrm_serve.serve_args import ServeArgs  # noqa: E402
-from genrm_serve.testing import build_tiny_tokenizer, free_port  # noqa: E402
+from genrm_client.types import Message, SamplingParams
+from genrm_serve.app import build_app, deploy, wait_until_healthy
+from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
+from genrm_serve.engines.base import EngineRequest
+from genrm_serve.engines.hf import HFEngine
+from genrm_serve.models import resolve_model_path
+from genrm_serve.serve_args import ServeArgs
+from genrm_serve.testing import build_tiny_tokenizer, free_port
 
 SAMPLING = {"temperature": 0.0, "max_response_len": 1}
 
@@ -145,10 +144,6 @@ def _in_process(spec: InstanceSpec, texts: list[str], repeats: int) -> tuple[flo
     wall = _median_wall(once, repeats)
     counters = {k: int(engine.counters.get(k, 0) - before.get(k, 0)) for k in COUNTERS}
     asyncio.run(engine.shutdown())
-    del engine
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return wall, counters
 
 
@@ -218,6 +213,9 @@ def main() -> None:
         f"template, 1 output token, device={'cuda' if torch.cuda.is_available() else 'cpu'}"
     )
     base, counters = _in_process(spec, texts, args.repeats)
+    gc.collect()  # the in-process engine's memory, before the service's engine loads
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     rows = [("in process: HFEngine.generate", base, counters), *_service(spec, texts, args.repeats)]
     print(
         "| path | judgments/s | ms per batch | vs in process | engine calls | packed prefills "
