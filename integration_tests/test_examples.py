@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -289,8 +290,6 @@ def ray_cluster() -> Iterator[str]:
 def _wait_until_jobs_run(address: str, timeout_s: float) -> None:
     """Submit a no-op job until one succeeds, as a user would after ``ray start``: the job API
     answers before the node's agent has registered ("No available agent to submit job")."""
-    import time
-
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)
@@ -626,6 +625,28 @@ def twin_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _stop_jobs_of(address: str, run_dir: Path, timeout_s: float = 60.0) -> None:
+    """Stop this twin's job if it still runs: a timed-out ``ray job submit`` leaves its job
+    holding the cluster's GPUs, and every later twin would wait for them (seen: two twins
+    timing out behind one)."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+    mine = [
+        j.submission_id
+        for j in client.list_jobs()
+        if str(run_dir) in (j.entrypoint or "") and not j.status.is_terminal()
+    ]
+    for job_id in mine:
+        if job_id is not None:
+            client.stop_job(job_id)
+    deadline = time.monotonic() + timeout_s
+    while mine and time.monotonic() < deadline:
+        if all(client.get_job_status(j).is_terminal() for j in mine if j is not None):
+            return
+        time.sleep(1.0)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("script", list(TWINS))
@@ -643,13 +664,16 @@ def test_cpu_twin_runs_one_step_through_the_script(
         GENRM_PORT=str(port),
         RUN_DIR=str(run_dir),
     )
-    proc = subprocess.run(
-        ["bash", str(EXAMPLE / script), *TWIN_COMMON, *TWINS[script]],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
+    try:
+        proc = subprocess.run(
+            ["bash", str(EXAMPLE / script), *TWIN_COMMON, *TWINS[script]],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=840,
+        )
+    finally:
+        _stop_jobs_of(ray_cluster, run_dir)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:] + "\n" + _ray_log_excerpt()
     assert f"curl http://localhost:{port}/genrm/health" in proc.stdout

@@ -7,12 +7,13 @@ engine choice and health need (they read slot state, never call an engine).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 
 from genrm_client.types import DEFAULT_ROUTE_KEY, Message, SamplingParams
-from genrm_serve.app import _max_ongoing, build_app
+from genrm_serve.app import _max_ongoing, build_app, wait_until_healthy
 from genrm_serve.config import GenRMConfigError, InstanceSpec, build_instances
 from genrm_serve.engine_refs import EngineRef, instance_bundles, normalize_engines
 from genrm_serve.engines.base import (
@@ -27,6 +28,8 @@ from genrm_serve.health import health_report
 from genrm_serve.ingress import _sampling
 from genrm_serve.openai_compat import ChatCompletionRequest
 from genrm_serve.router import EngineSlot, InstanceRouter
+from genrm_serve.serve_args import ServeArgs
+from genrm_serve.testing import free_port
 
 
 def _spec(key: str = "q", num_gpus: int = 2, **engine_config: int) -> InstanceSpec:
@@ -288,3 +291,13 @@ async def test_a_batch_the_engine_failed_as_a_whole_fails_over_to_another_engine
     results = await r.generate_many(_requests("a", "b"))
     assert [res[0].text for res in results if isinstance(res, tuple)] == ["A", "B"]
     assert (broken.calls, working.calls) == (1, 1)
+
+
+def test_waiting_for_health_gives_up_soon_when_nothing_answers() -> None:
+    # A 503 while engines load is an answer; a proxy that is gone answers nothing, and the
+    # wait must say so instead of running to the (long) engine start deadline.
+    args = ServeArgs(port=free_port(), api_key=None)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="nothing answers"):
+        wait_until_healthy(args, timeout_s=600, unreachable_s=1.0, poll_s=0.1)
+    assert time.monotonic() - start < 30

@@ -29,7 +29,7 @@ from genrm_serve.engine_refs import EngineSource, normalize_engines
 from genrm_serve.ingress import GenRMIngress
 from genrm_serve.serve_args import ServeArgs
 
-__all__ = ["build_app", "deploy", "wait_until_healthy"]
+__all__ = ["build_app", "deploy", "shutdown_serve", "wait_until_healthy"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,15 +95,41 @@ def deploy(app: Application, args: ServeArgs | None = None) -> DeploymentHandle[
     return serve.run(app, name=args.app_name, route_prefix=args.route_prefix)
 
 
+def shutdown_serve(timeout_s: float = limits.SERVE_GONE_WAIT_S) -> None:
+    """``serve.shutdown()``, then wait until Serve's controller is really gone.
+
+    ``serve.shutdown()`` gives up waiting after 30 s on a busy machine, while the controller
+    goes on shutting down. A run that starts Serve next on the same cluster then meets that
+    controller, which kills the new HTTP proxy (same name) as it finishes: seen as a job whose
+    ``serve.start`` failed with "ProxyActor ... killed by ray.kill", and the job after it
+    waiting for health forever.
+    """
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    serve.shutdown()  # type: ignore[no-untyped-call]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(limits.HEALTH_POLL_S)
+    logger.warning("Serve's controller is still shutting down after %.0f s", timeout_s)
+
+
 def wait_until_healthy(
     args: ServeArgs,
     timeout_s: float,
     *,
     poll_s: float = limits.HEALTH_POLL_S,
     log_every_s: float = limits.PROGRESS_EVERY_S,
+    unreachable_s: float = limits.SERVE_UNREACHABLE_S,
     progress: Callable[[float, object], None] | None = None,
 ) -> dict[str, object]:
-    """Poll ``GET /health`` until 200; report what is still starting; raise ``TimeoutError``.
+    """Poll ``GET /health`` until 200; report what is still starting; raise ``TimeoutError``
+    at ``timeout_s``, or once nothing has answered for ``unreachable_s`` (a 503 while the
+    engines load is an answer; a refused connection is not).
 
     ``progress(elapsed_s, last_health_body)`` is called after every poll (the CLI draws one
     updating line from it); without it, one INFO line every ``log_every_s``.
@@ -111,17 +137,25 @@ def wait_until_healthy(
     start = time.monotonic()
     deadline = start + timeout_s
     next_log = start + log_every_s
+    answered = start  # the last time the HTTP proxy answered at all
     last: object = None
     with httpx.Client(timeout=limits.HEALTH_POLL_TIMEOUT_S) as client:
         while True:
             try:
                 r = client.get(f"{args.url}/health")
+                answered = time.monotonic()
                 last = r.json()
                 if r.status_code == 200:
                     return dict(r.json())
             except (httpx.HTTPError, ValueError) as err:
                 last = repr(err)
             now = time.monotonic()
+            if now - answered >= unreachable_s:
+                raise TimeoutError(
+                    f"GenRM service: nothing answers at {args.url}/health since "
+                    f"{now - answered:.0f} s (more than {unreachable_s:g} s: Serve's HTTP "
+                    f"proxy is gone, not loading): {last}"
+                )
             if now >= deadline:
                 raise TimeoutError(f"GenRM service not healthy after {timeout_s}s: {last}")
             if progress is not None:

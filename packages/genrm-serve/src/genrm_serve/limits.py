@@ -56,6 +56,12 @@ ASLEEP_RETRY_AFTER_S: Final = 5.0
 HEALTH_POLL_S: Final = 0.5
 HEALTH_POLL_TIMEOUT_S: Final = 5.0
 PROGRESS_EVERY_S: Final = 15.0
+#: How long the HTTP proxy of a deployed app may answer nothing at all (connection refused or
+#: timed out, not a 503 "engines loading") before waiting for health gives up: the proxy is gone.
+SERVE_UNREACHABLE_S: Final = 120.0
+#: Tearing Serve down: how long to wait for its controller to be gone (the next run on the
+#: cluster must not meet a controller that is still shutting down: it kills the new proxies).
+SERVE_GONE_WAIT_S: Final = 60.0
 #: ``genrm-serve status``: the HTTP deadline of its two requests.
 STATUS_TIMEOUT_S: Final = 10.0
 #: ``genrm-serve shutdown``: how long it waits for the app to be deleted.

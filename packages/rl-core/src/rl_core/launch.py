@@ -40,6 +40,7 @@ from genrm_serve import (
     check_fits,
     deploy,
     resolve_model_path,
+    shutdown_serve,
     wait_until_healthy,
 )
 from rl_core.config import GENERATED_DATA, TrainConfig
@@ -262,8 +263,6 @@ async def start_judge_service(
 ) -> tuple[str, dict[str, list[Any]]]:
     """The judge engines in the plan's bundles, handed to the service (which then creates no
     placement group of its own and re-creates a dead engine in the same bundle)."""
-    from ray import serve
-
     actors = create_judge_engines(realized, instances)
     refs = {
         key: [
@@ -284,7 +283,7 @@ async def start_judge_service(
     }
     sargs = ServeArgs(port=port or _free_port(), engine_num_cpus=0.5)
     deploy(build_app(instances, engines=refs, args=sargs), sargs)
-    stack.callback(serve.shutdown)
+    stack.callback(shutdown_serve)
     await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S)
     return sargs.url, actors
 
