@@ -30,7 +30,6 @@ import gc
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -46,7 +45,7 @@ import torch
 from ray import serve
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hf_engine import SHAPES, _judge_prompts
+from hf_engine import SHAPES, _judge_prompts, _random_model_dir
 
 from genrm_client.types import Message, SamplingParams
 from genrm_serve.app import build_app, deploy, wait_until_healthy
@@ -55,38 +54,22 @@ from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.hf import HFEngine
 from genrm_serve.models import resolve_model_path
 from genrm_serve.serve_args import ServeArgs
-from genrm_serve.testing import build_tiny_tokenizer, free_port
+from genrm_serve.testing import free_port
 
 SAMPLING = {"temperature": 0.0, "max_response_len": 1}
 
 
 def _model_folder(args: argparse.Namespace) -> str:
-    """A random-weight folder of ``--shape`` (written once), or the given model."""
+    """A random-weight folder of ``--shape`` (hf_engine.py's model, its weights written out),
+    or the given model."""
     if args.model:
         return str(resolve_model_path(args.model))
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    tok = build_tiny_tokenizer()
-    cfg = Qwen3Config(
-        **SHAPES[args.shape],
-        max_position_embeddings=40960,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    cuda = torch.cuda.is_available()
-    torch.manual_seed(0)
-    with torch.device("cuda" if cuda else "cpu"):
-        model = AutoModelForCausalLM.from_config(
-            cfg, dtype=torch.bfloat16 if cuda else torch.float32
-        )
-    folder = Path(tempfile.mkdtemp(prefix="genrm-judge-service-"))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    folder, model = _random_model_dir(args.shape, device)
     model.save_pretrained(folder)
-    tok.save_pretrained(folder)
     del model
     gc.collect()
-    if cuda:
+    if device.type == "cuda":
         torch.cuda.empty_cache()
     return str(folder)
 

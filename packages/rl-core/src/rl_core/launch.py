@@ -283,7 +283,7 @@ async def start_judge_service(
     }
     sargs = ServeArgs(port=port or _free_port(), engine_num_cpus=0.5)
     deploy(build_app(instances, engines=refs, args=sargs), sargs)
-    stack.callback(shutdown_serve)
+    stack.push_async_callback(asyncio.to_thread, shutdown_serve)  # it polls: off the loop
     await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S)
     return sargs.url, actors
 
