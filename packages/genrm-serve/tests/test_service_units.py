@@ -301,3 +301,34 @@ def test_waiting_for_health_gives_up_soon_when_nothing_answers() -> None:
     with pytest.raises(TimeoutError, match="nothing answers"):
         wait_until_healthy(args, timeout_s=600, unreachable_s=1.0, poll_s=0.1)
     assert time.monotonic() - start < 30
+
+
+def test_serve_start_goes_past_proxies_serve_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Serve kills a proxy that was slow to start and makes another; serve.start, waiting on the
+    # first, raises ActorDiedError. Starting again connects to the controller; only a proxy
+    # that keeps dying is an error.
+    import ray
+    from ray import serve
+
+    from genrm_serve import app, limits
+
+    calls: list[dict[str, object]] = []
+
+    def start(deaths: int) -> Callable[..., None]:
+        def fake(**kw: object) -> None:
+            calls.append(kw)
+            if len(calls) <= deaths:
+                raise ray.exceptions.ActorDiedError()
+
+        return fake
+
+    args = ServeArgs(port=free_port(), api_key=None)
+    monkeypatch.setattr(serve, "start", start(limits.PROXY_START_ATTEMPTS - 1))
+    app._start_serve(args)
+    assert len(calls) == limits.PROXY_START_ATTEMPTS
+    assert calls[-1] == {"http_options": {"host": args.host, "port": args.port}}
+    calls.clear()
+    monkeypatch.setattr(serve, "start", start(limits.PROXY_START_ATTEMPTS))
+    with pytest.raises(ray.exceptions.ActorDiedError):
+        app._start_serve(args)
+    assert len(calls) == limits.PROXY_START_ATTEMPTS

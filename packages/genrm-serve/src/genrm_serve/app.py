@@ -91,8 +91,31 @@ def deploy(app: Application, args: ServeArgs | None = None) -> DeploymentHandle[
     Ray must be initialised (``ray.init``) by the caller.
     """
     args = args or ServeArgs()
-    serve.start(http_options={"host": args.host, "port": args.port})
+    _start_serve(args)
     return serve.run(app, name=args.app_name, route_prefix=args.route_prefix)
+
+
+def _start_serve(args: ServeArgs) -> None:
+    """``serve.start``, past a first HTTP proxy that Serve itself replaced.
+
+    Serve's controller declares a proxy unhealthy when it is not ready within a few seconds of
+    its creation (``RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S``), kills it and starts another with a
+    longer wait, while ``serve.start`` waits on the first one only and raises. A node that is
+    busy starting other processes (a training job's engines and trainer) is that slow: seen as
+    "ProxyActor ... killed by ray.kill ... never ran". The controller lives on with the new
+    proxy under way, so starting again connects to it, and ``wait_until_healthy`` waits for its
+    HTTP answer.
+    """
+    import ray
+
+    for attempt in range(1, limits.PROXY_START_ATTEMPTS + 1):
+        try:
+            serve.start(http_options={"host": args.host, "port": args.port})
+            return
+        except ray.exceptions.ActorDiedError:  # the proxy (a dead controller is made anew)
+            if attempt == limits.PROXY_START_ATTEMPTS:
+                raise
+            logger.warning("Serve replaced an HTTP proxy that was slow to start; connecting again")
 
 
 def shutdown_serve(timeout_s: float = limits.SERVE_GONE_WAIT_S) -> None:

@@ -62,6 +62,9 @@ SERVE_UNREACHABLE_S: Final = 120.0
 #: Tearing Serve down: how long to wait for its controller to be gone (the next run on the
 #: cluster must not meet a controller that is still shutting down: it kills the new proxies).
 SERVE_GONE_WAIT_S: Final = 60.0
+#: ``serve.start`` attempts while Serve's controller replaces an HTTP proxy that was slow to
+#: start (see ``app.deploy``).
+PROXY_START_ATTEMPTS: Final = 3
 #: ``genrm-serve status``: the HTTP deadline of its two requests.
 STATUS_TIMEOUT_S: Final = 10.0
 #: ``genrm-serve shutdown``: how long it waits for the app to be deleted.

@@ -18,6 +18,9 @@ __all__ = ["LOCAL_RAY_ENV", "RAY_ENV_DEFAULTS", "apply_ray_env_defaults"]
 RAY_ENV_DEFAULTS: dict[str, str] = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    # Serve kills an HTTP proxy not ready 5 s after its creation and starts another; on a node
+    # busy loading models a proxy's process takes longer than that to start.
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
 }
 
 #: For a private local cluster (tests, a training job): the defaults plus no token auth.
