@@ -202,6 +202,18 @@ def test_fully_async_every_role_its_own_group() -> None:
     assert phase(p, "train")["actor"][0] == "active"
 
 
+def test_roles_that_share_a_gpu_are_those_the_plan_puts_on_one_bundle() -> None:
+    """rl-core train starts the engines of roles on disjoint GPUs at the same time, and engines
+    sharing a GPU one after another (each sizes its memory from what is free when it starts)."""
+    assert not plan(SPLIT_8).shares_gpus("rollout", "genrm")
+    assert plan(SPLIT_8).shares_gpus("actor", "genrm")
+    assert plan(SHARED_8).shares_gpus("rollout", "genrm")
+    assert plan(DEFER_16).shares_gpus("rollout", "genrm")
+    fully_async = plan(ASYNC_8)
+    assert not fully_async.shares_gpus("rollout", "genrm")
+    assert not fully_async.shares_gpus("actor", "rollout")
+
+
 def test_two_judge_instances_at_their_prefix_offsets() -> None:
     p = plan(DUAL_8)
     assert p.mode == "colocate-split"

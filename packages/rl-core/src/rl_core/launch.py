@@ -4,7 +4,8 @@ This is the only module that knows where things run, and :func:`run_training` re
 set-up of the algorithm: placement groups from the plan → rollout engines, as many and as large as
 the plan's, each in its bundles → judge engines per instance in theirs, handed to the judge
 service (which then creates no placement group of its own) → the trainer group (one Ray actor per
-actor GPU, one ``torch.distributed`` group) → the GRPO loop. The same path runs on a GPU cluster
+actor GPU, one ``torch.distributed`` group) → the GRPO loop. Roles on disjoint GPUs start at the
+same time (split: rollout and judges; fully-async: the trainer too). The same path runs on a GPU cluster
 and on a CPU machine (bundles of CPUs, or Ray's logical GPUs with ``--device cpu``).
 """
 
@@ -18,9 +19,10 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from transformers import AutoTokenizer
@@ -67,6 +69,7 @@ from rl_core.trainer import GRPOTrainer, RewardSetup
 from rl_core.weight_sync import choose_weight_sync, make_weight_sync
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Set before Ray starts (unless the user set them): see ``genrm_serve.ray_env``.
 RAY_ENV = LOCAL_RAY_ENV
@@ -244,6 +247,32 @@ def judge_specs(cfg: TrainConfig) -> dict[str, InstanceSpec]:
     }
 
 
+async def _timed(startup: dict[str, float], key: str, step: Awaitable[T]) -> T:
+    """Await ``step``, recording its seconds under ``key``."""
+    t0 = time.perf_counter()
+    try:
+        return await step
+    finally:
+        startup[key] = time.perf_counter() - t0
+
+
+async def _one_after_another(
+    steps: dict[str, Awaitable[Any]], startup: dict[str, float]
+) -> dict[str, Any]:
+    return {k: await _timed(startup, k, s) for k, s in steps.items()}
+
+
+async def _together(steps: dict[str, Awaitable[Any]], startup: dict[str, float]) -> dict[str, Any]:
+    """Run the start-up steps at once. The first failure cancels the others (a task group) and
+    is the error raised, as it would be one after another (not an ``ExceptionGroup``)."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = {k: tg.create_task(_timed(startup, k, s)) for k, s in steps.items()}
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None
+    return {k: t.result() for k, t in tasks.items()}
+
+
 async def start_rollout_engines(
     realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str
 ) -> list[RayEngineHandle]:
@@ -282,8 +311,10 @@ async def start_judge_service(
         for key in instances
     }
     sargs = ServeArgs(port=port or _free_port(), engine_num_cpus=0.5)
-    deploy(build_app(instances, engines=refs, args=sargs), sargs)
-    stack.push_async_callback(asyncio.to_thread, shutdown_serve)  # it polls: off the loop
+    # Serve is shut down however this ends (a start cut short too); both block: off the loop,
+    # which meanwhile starts what else the plan has.
+    stack.push_async_callback(asyncio.to_thread, shutdown_serve)
+    await asyncio.to_thread(deploy, build_app(instances, engines=refs, args=sargs), sargs)
     await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S)
     return sargs.url, actors
 
@@ -361,20 +392,28 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         startup["models"] = time.perf_counter() - t0
 
         # Engines first, then the trainer: on a shared GPU each role loads within its share.
-        t0 = time.perf_counter()
-        engines = await start_rollout_engines(
-            realized, rollout_spec(cfg, policy_path, rollout_engine), prefix
-        )
-        startup["rollout_engines"] = time.perf_counter() - t0
+        # What sits on disjoint GPUs starts at the same time (a start is mostly waiting on
+        # processes, imports and model loads); what shares a GPU starts one after another.
+        instances = judge_specs(cfg) if cfg.genrm_enabled else {}
+        steps: dict[str, Awaitable[Any]] = {
+            "rollout_engines": start_rollout_engines(
+                realized, rollout_spec(cfg, policy_path, rollout_engine), prefix
+            )
+        }
+        if instances:
+            steps["judge_service"] = start_judge_service(realized, instances, stack, cfg.genrm_port)
+        if plan.phases_overlap:  # fully-async: the trainer's GPUs are its own
+            steps["trainer"] = start_trainer_groups(cfg, realized, policy_path, prefix)
+        if plan.shares_gpus("rollout", "genrm"):
+            started = await _one_after_another(steps, startup)
+        else:
+            started = await _together(steps, startup)
+        engines: list[RayEngineHandle] = started["rollout_engines"]
 
         participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
         judge_actors: dict[str, list[Any]] = {}
-        if cfg.genrm_enabled:
-            t0 = time.perf_counter()
-            instances = judge_specs(cfg)
-            url, judge_actors = await start_judge_service(
-                realized, instances, stack, cfg.genrm_port
-            )
+        if instances:
+            url, judge_actors = started["judge_service"]
             # reward functions use genrm-client's process-wide client, which reads GENRM_URL
             # when it is created: drop any made before this service existed, and close ours last
             os.environ["GENRM_URL"] = url
@@ -382,23 +421,23 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
             stack.push_async_callback(close_genrm_clients)
             console.print(f"[bold]judge service[/]: {url} ({', '.join(instances)})")
             participants.update({f"genrm:{k}": JudgeSleeper(url, k) for k in instances})
-            startup["judge_service"] = time.perf_counter() - t0
 
         phases = PhaseMachine(phases_from_plan(plan), participants)
-        if not plan.phases_overlap:
+        if plan.phases_overlap:
+            groups = started["trainer"]
+        else:
             # Colocated: the engines sharing the actor's GPUs sleep (as in the train phase)
             # before the trainer loads, so its weights never meet theirs at start-up.
             t0 = time.perf_counter()
             await phases.enter("train")
             startup["engines_sleep"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        groups = await start_trainer_groups(cfg, realized, policy_path, prefix)
+            t0 = time.perf_counter()
+            groups = await start_trainer_groups(cfg, realized, policy_path, prefix)
+            startup["trainer"] = time.perf_counter() - t0
         learner = groups["actor"]
         precision = learner.precision
         phases.add("actor", CallbackSleeper(learner.offload, learner.onload))
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
-        startup["trainer"] = time.perf_counter() - t0
 
         sync_path = choose_weight_sync(
             plan, use_gpus=use_gpus, device=cfg.device, engine=rollout_engine

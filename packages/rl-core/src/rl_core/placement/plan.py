@@ -240,6 +240,15 @@ class PlacementPlan(_Frozen):
     def engines_of(self, role: str, instance: str | None = None) -> tuple[EnginePlacement, ...]:
         return tuple(e for e in self.engines if e.role == role and e.instance == instance)
 
+    def shares_gpus(self, a: str, b: str) -> bool:
+        """Whether roles ``a`` and ``b`` (``actor``, ``rollout``, ``genrm``...) hold a bundle in
+        common: engines on disjoint GPUs may start at the same time, ones sharing a GPU one after
+        another (each sizes its memory from what is free when it starts)."""
+        ra, rb = self.roles.get(a), self.roles.get(b)
+        if ra is None or rb is None or ra.group != rb.group:
+            return False
+        return not set(ra.bundles).isdisjoint(rb.bundles)
+
     def node_of(self, bundle: int) -> int:
         """The node ordinal the plan expects a group's logical bundle on."""
         return bundle // self.num_gpus_per_node
