@@ -5,8 +5,8 @@ set-up of the algorithm: placement groups from the plan → rollout engines, as 
 the plan's, each in its bundles → judge engines per instance in theirs, handed to the judge
 service (which then creates no placement group of its own) → the trainer group (one Ray actor per
 actor GPU, one ``torch.distributed`` group) → the GRPO loop. Roles on disjoint GPUs start at the
-same time (split: rollout and judges; fully-async: the trainer too). The same path runs on a GPU cluster
-and on a CPU machine (bundles of CPUs, or Ray's logical GPUs with ``--device cpu``).
+same time (split: rollout and judges; fully-async: the trainer too). The same path runs on a GPU
+cluster and on a CPU machine (bundles of CPUs, or Ray's logical GPUs with ``--device cpu``).
 """
 
 from __future__ import annotations
