@@ -19,7 +19,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, TypeVar
@@ -257,12 +257,21 @@ async def _timed(startup: dict[str, float], key: str, step: Awaitable[T]) -> T:
 
 
 async def _one_after_another(
-    steps: dict[str, Awaitable[Any]], startup: dict[str, float]
+    steps: dict[str, Coroutine[Any, Any, Any]], startup: dict[str, float]
 ) -> dict[str, Any]:
-    return {k: await _timed(startup, k, s) for k, s in steps.items()}
+    done: dict[str, Any] = {}
+    try:
+        for k, step in steps.items():
+            done[k] = await _timed(startup, k, step)
+    finally:
+        for step in steps.values():
+            step.close()  # the steps a failure left unstarted (a no-op for the others)
+    return done
 
 
-async def _together(steps: dict[str, Awaitable[Any]], startup: dict[str, float]) -> dict[str, Any]:
+async def _together(
+    steps: dict[str, Coroutine[Any, Any, Any]], startup: dict[str, float]
+) -> dict[str, Any]:
     """Run the start-up steps at once. The first failure cancels the others (a task group) and
     is the error raised, as it would be one after another (not an ``ExceptionGroup``)."""
     try:
@@ -395,7 +404,7 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         # What sits on disjoint GPUs starts at the same time (a start is mostly waiting on
         # processes, imports and model loads); what shares a GPU starts one after another.
         instances = judge_specs(cfg) if cfg.genrm_enabled else {}
-        steps: dict[str, Awaitable[Any]] = {
+        steps: dict[str, Coroutine[Any, Any, Any]] = {
             "rollout_engines": start_rollout_engines(
                 realized, rollout_spec(cfg, policy_path, rollout_engine), prefix
             )
