@@ -233,11 +233,13 @@ class _Batches:
     def __init__(self, answer: Callable[[EngineRequest], EngineOutput | BaseException]) -> None:
         self.answer = answer
         self.calls = 0
+        self.sizes: list[int] = []  # the requests of each call
         self.generate_many = self
 
     def remote(self, requests: list[EngineRequest], **kwargs: object) -> Awaitable[list[object]]:
         assert kwargs == {"return_exceptions": True}  # the router's batches never raise whole
         self.calls += 1
+        self.sizes.append(len(requests))
 
         async def run() -> list[object]:
             return [self.answer(r) for r in requests]
@@ -291,6 +293,36 @@ async def test_a_batch_the_engine_failed_as_a_whole_fails_over_to_another_engine
     results = await r.generate_many(_requests("a", "b"))
     assert [res[0].text for res in results if isinstance(res, tuple)] == ["A", "B"]
     assert (broken.calls, working.calls) == (1, 1)
+
+
+async def test_a_request_failed_beside_answered_neighbours_is_retried_on_another_engine() -> None:
+    def flaky(req: EngineRequest) -> EngineOutput | BaseException:
+        if _text(req) == "x":
+            return EngineError("request aborted by the scheduler")
+        return _answer(req)
+
+    r = _router(limit=8)
+    first, other = _Batches(flaky), _Batches(_answer)
+    r.slots[0].handle, r.slots[1].handle = first, other
+    results = await r.generate_many(_requests("a", "x", "verdict"))
+    a, x, verdict = results
+    assert isinstance(a, tuple) and a[0].text == "A" and a[1] is r.slots[0]
+    assert isinstance(x, tuple) and x[0].text == "X" and x[1] is r.slots[1]
+    assert isinstance(verdict, ServiceError) and verdict.status == 422  # refused: not retried
+    assert (first.sizes, other.sizes) == ([3], [1])  # only the failed request went on
+
+    # failed on both engines: 503, and the client must not send it a third time
+    r = _router(limit=8)
+    r.slots[0].handle, r.slots[1].handle = _Batches(flaky), _Batches(flaky)
+    _, x = await r.generate_many(_requests("a", "x"))
+    assert isinstance(x, ServiceError) and x.status == 503 and x.retryable is False
+    assert "request aborted by the scheduler" in x.message
+    # one engine only: 503 the client may retry
+    r = _router(engines=1, limit=8)
+    r.slots[0].handle = _Batches(flaky)
+    _, x = await r.generate_many(_requests("a", "x"))
+    assert isinstance(x, ServiceError) and x.status == 503 and x.retryable is not False
+    assert "no other healthy engine" in x.message
 
 
 def test_waiting_for_health_gives_up_soon_when_nothing_answers() -> None:

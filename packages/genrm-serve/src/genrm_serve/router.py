@@ -66,6 +66,13 @@ def _engine_failed(results: list[Any]) -> bool:
     )
 
 
+def _failed_alone(entry: Any) -> bool:
+    """An entry of a batch that failed for no reason of its own (an engine error)."""
+    return isinstance(entry, BaseException) and not isinstance(
+        entry, (RequestRefusedError, ServiceError)
+    )
+
+
 def _cancel(ref: Any) -> None:
     if ref is None:
         return
@@ -356,7 +363,8 @@ class InstanceRouter:
         """Many requests, in chunks of ``max_batch_size`` spread over the engines, in order.
 
         A request the engine refuses (an over-long prompt, a value it cannot honour) gets its
-        own error; its neighbours are answered.
+        own error; its neighbours are answered. A request that failed beside answered neighbours
+        (the engine lives) is tried once more on another engine, as a lone request would be.
         """
         chunks = [requests[i : i + self.max_batch] for i in range(0, len(requests), self.max_batch)]
 
@@ -369,16 +377,53 @@ class InstanceRouter:
                 )
             except ServiceError as err:
                 return [err] * len(chunk)
-            results: list[tuple[EngineOutput, EngineSlot] | ServiceError] = []
-            for out in outs:
-                if isinstance(out, BaseException):
-                    results.append(self._item_error(out))
-                else:
-                    results.append((out, slot))
+            results = self._entries(outs, slot, retried=False)
+            failed = [i for i, out in enumerate(outs) if _failed_alone(out)]
+            if failed:
+                again = await self._retry_items([chunk[i] for i in failed], slot, outs[failed[0]])
+                for i, result in zip(failed, again, strict=True):
+                    results[i] = result
             return results
 
         parts = await asyncio.gather(*(run_chunk(c) for c in chunks))
         return [r for part in parts for r in part]
+
+    async def _retry_items(
+        self, requests: list[EngineRequest], tried: EngineSlot, first: BaseException
+    ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
+        n = len(requests)
+        why = f"engine {tried.engine_id} failed it: {error_message(first)}"
+        try:
+            slot = await self.acquire(n, frozenset({tried.engine_id}))
+        except ServiceError:
+            return [ServiceError.unavailable(self.route_key, f"{why}; no other healthy engine")] * n
+        try:
+            outs = await self._call(slot, "generate_many", requests, return_exceptions=True)
+        except (_EngineFailure, ServiceError) as err:
+            return [
+                ServiceError.unavailable(
+                    self.route_key, f"{why}; the retry failed too: {err}", retryable=False
+                )
+            ] * n
+        finally:
+            self.release(slot, n)
+        return self._entries(outs, slot, retried=True)
+
+    def _entries(
+        self, outs: list[Any], slot: EngineSlot, *, retried: bool
+    ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
+        """The engine's per-request entries as answers or errors (a request that has run on
+        two engines must not be sent again by the client: one retry owner)."""
+        results: list[tuple[EngineOutput, EngineSlot] | ServiceError] = []
+        for out in outs:
+            if not isinstance(out, BaseException):
+                results.append((out, slot))
+            elif retried and _failed_alone(out):
+                message = f"{error_message(out)} (on its second engine, {slot.engine_id})"
+                results.append(ServiceError.unavailable(self.route_key, message, retryable=False))
+            else:
+                results.append(self._item_error(out))
+        return results
 
     def _item_error(self, err: BaseException) -> ServiceError:
         if isinstance(err, ServiceError):
