@@ -34,9 +34,9 @@ if [ "$flavour" = cpu ] && ! ls .torch-wheels/torch-2.13.0+cpu-cp311-*.whl >/dev
 fi
 
 # Bytecode compiled at install (~50 s on 2 cores, once; ~1 s when up to date): with
-# PYTHONDONTWRITEBYTECODE set (as on our development machines) Python never caches it itself, and every
-# process (each Ray worker, engine and trainer rank) compiled torch and transformers from source:
-# importing a transformers model took 24 s there instead of 12 s.
+# PYTHONDONTWRITEBYTECODE set (as on our development machines) Python never caches it itself,
+# and every process (each Ray worker, engine and trainer rank) compiled torch and transformers
+# from source: importing a transformers model took 24 s there instead of 12 s.
 echo "[setup] uv sync (torch: $flavour)" >&2
 if [ "$flavour" = gpu ]; then
   "${UV[@]}" sync --frozen --compile-bytecode --no-group cpu --group gpu "$@"

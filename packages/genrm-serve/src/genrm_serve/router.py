@@ -331,8 +331,14 @@ class InstanceRouter:
             failure = first
         finally:
             self.release(slot, n)
+        return await self._elsewhere(failure, n, method, payload, **kwargs)
+
+    async def _elsewhere(
+        self, failure: _EngineFailure, n: int, method: str, payload: Any, **kwargs: Any
+    ) -> tuple[Any, EngineSlot]:
+        """The one retry: on another engine than the one that failed."""
         try:
-            retry = await self.acquire(n, frozenset({slot.engine_id}))
+            retry = await self.acquire(n, frozenset({failure.slot.engine_id}))
         except ServiceError as err:
             if failure.asleep:  # engines put to sleep directly on their actors (rl-core)
                 raise ServiceError.asleep(self.route_key) from err
@@ -391,22 +397,16 @@ class InstanceRouter:
     async def _retry_items(
         self, requests: list[EngineRequest], tried: EngineSlot, first: BaseException
     ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
-        n = len(requests)
-        why = f"engine {tried.engine_id} failed it: {error_message(first)}"
         try:
-            slot = await self.acquire(n, frozenset({tried.engine_id}))
-        except ServiceError:
-            return [ServiceError.unavailable(self.route_key, f"{why}; no other healthy engine")] * n
-        try:
-            outs = await self._call(slot, "generate_many", requests, return_exceptions=True)
-        except (_EngineFailure, ServiceError) as err:
-            return [
-                ServiceError.unavailable(
-                    self.route_key, f"{why}; the retry failed too: {err}", retryable=False
-                )
-            ] * n
-        finally:
-            self.release(slot, n)
+            outs, slot = await self._elsewhere(
+                _EngineFailure(tried, first),
+                len(requests),
+                "generate_many",
+                requests,
+                return_exceptions=True,
+            )
+        except ServiceError as err:
+            return [err] * len(requests)
         return self._entries(outs, slot, retried=True)
 
     def _entries(
