@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,11 +73,18 @@ class PrefixNode:
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
+    """How many leading tokens ``a`` and ``b`` share.
+
+    A binary search over slice equality (compared in C): the plan of a judge batch is built while
+    the GPU waits, and a token-by-token loop over 64 prompts of ~700 tokens cost ~2 ms of it."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # invariant: a[:lo] == b[:lo]; the answer is at most hi
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _common_len(prompts: list[list[int]], rows: list[int], start: int) -> int:
@@ -230,8 +238,8 @@ def build_plan(
     node are contiguous at every deeper depth: what :func:`_prefill_varlen` reads without
     gathering anything."""
     forest = build_forest(prompts, min_shared)
-    ids: list[int] = []
-    positions: list[int] = []
+    ids = array("q")
+    positions = array("q")
     by_depth: list[list[PrefixNode]] = []
     row_node: list[PrefixNode | None] = [None] * len(prompts)
     level = sorted(forest, key=lambda n: not n.children)  # stable: parents first
@@ -246,13 +254,16 @@ def build_plan(
         level = [c for n in level for c in sorted(n.children, key=lambda c: not c.children)]
     assert all(n is not None for n in row_node)
     nodes_of_row: list[PrefixNode] = [n for n in row_node if n is not None]
+    # one buffer, one copy to the device (from a list of ints, torch.tensor took ~3 ms apiece)
+    ids.extend(positions)
+    both = torch.frombuffer(ids, dtype=torch.long).view(2, 1, -1).to(device)
     return PackedPlan(
-        input_ids=torch.tensor([ids], dtype=torch.long, device=device),
-        position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+        input_ids=both[0],
+        position_ids=both[1],
         depths=by_depth,
         last_index=[n.offset + len(n.tokens) - 1 for n in nodes_of_row],
         row_node=nodes_of_row,
-        shared_tokens=sum(len(p) for p in prompts) - len(ids),
+        shared_tokens=sum(len(p) for p in prompts) - len(positions),
     )
 
 
