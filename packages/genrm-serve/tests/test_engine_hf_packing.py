@@ -274,6 +274,32 @@ def test_chunks_cut_between_groups(engine: HFEngine) -> None:
     assert all(len({r.prompt[0] for r in c}) == 1 for c in chunks)
 
 
+def test_the_chunk_budget_counts_shared_tokens_once(engine: HFEngine) -> None:
+    """Four groups of 4 judge prompts (60 shared + 5 own tokens): 1,040 prompt tokens but 340
+    for the packed prefill, so a budget of 400 holds them in one chunk. Rows that decode on
+    also hold a static cache of their whole prompt + reply, so the same rows at 4 new tokens
+    need more chunks, cut between groups."""
+    gen = torch.Generator().manual_seed(9)
+    prompts = []
+    for g in range(4):
+        head = [5 + g, *_ids(gen, 59)]
+        prompts += [head + _ids(gen, 5) for _ in range(4)]
+    assert sum(map(len, prompts)) == 1040
+    saved = engine.max_batch_tokens
+    engine.max_batch_tokens = 400
+    try:
+        verdicts = engine._chunks([engine._make_row(_request(p, 1)) for p in prompts])
+        decoding = engine._chunks([engine._make_row(_request(p, 4)) for p in prompts])
+    finally:
+        engine.max_batch_tokens = saved
+    assert [len(c) for c in verdicts] == [16]
+    assert len(decoding) > 1
+    for chunk in decoding:
+        assert len({r.prompt[0] for r in chunk}) == 1  # a group is never split
+        unique = build_plan([r.prompt for r in chunk], torch.device("cpu")).num_tokens
+        assert unique + sum(len(r.prompt) + 4 for r in chunk) <= 400
+
+
 def _judge_request(text: str, **sampling: object) -> EngineRequest:
     params = SamplingParams(temperature=0.0, max_response_len=1, **sampling)  # type: ignore[arg-type]
     return EngineRequest(

@@ -15,8 +15,9 @@ sampling runs batched on the logits' device (:mod:`genrm_serve.engines.hf_sampli
 only the chosen tokens and their log-probs reach the host.
 
 Memory is bounded by construction, not by free RAM: a batch is split into chunks of at most
-``engine_config.max_batch_size`` rows whose prompt + new tokens sum to at most
-:data:`MAX_BATCH_TOKENS`, taken in prompt order so that a group's rows stay in one chunk.
+``engine_config.max_batch_size`` rows that hold at most :data:`MAX_BATCH_TOKENS` tokens at once —
+the packed prefill's unique tokens, plus prompt + new tokens of static cache for each row that
+decodes past its first token — taken in prompt order so that a group's rows stay in one chunk.
 transformers' continuous batching is not used: by default it sizes its KV cache from free RAM
 (9.7 GB on the CI machines).
 
@@ -98,7 +99,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Upper bound on the sum over rows of (prompt + new tokens) of one engine batch.
+#: Upper bound on the tokens one engine batch holds at once (see the module docstring).
 MAX_BATCH_TOKENS = 65536
 #: Device memory outside the engine's control (CUDA context, allocator slack), kept out of the
 #: batch budget derived from ``mem_fraction_static``.
@@ -112,7 +113,7 @@ def model_bytes(model: Any) -> int:
 
 
 def batch_token_budget(config: Any, dtype: torch.dtype, free_bytes: int) -> int:
-    """Tokens (rows × padded length) of one batch that fit into ``free_bytes``.
+    """Tokens one batch may hold at once (see :func:`_cost`) within ``free_bytes``.
 
     Per token: its KV cache over every layer (2 × layers × kv heads × head dim) plus the
     largest activations of one layer's forward (hidden states, q/k/v, the MLP's gate and up
@@ -191,8 +192,19 @@ class _Row:
     verdict_prob: float | None = None
 
 
-def _tokens(rows: list[_Row]) -> int:
-    return sum(len(r.prompt) + r.max_new for r in rows)
+def _added_cost(row: _Row, before: _Row | None) -> int:
+    """Tokens ``row`` adds to a chunk of sorted rows whose last row is ``before``: its own part of
+    the packed prefill (a sorted list's radix tree holds each prompt less its common prefix with
+    the prompt before it; runs shorter than ``MIN_SHARED_TOKENS`` repeat, a few tokens more)
+    and, when it decodes on, its static K/V cache of prompt + new tokens."""
+    shared = common_prefix_len(before.prompt, row.prompt) if before is not None else 0
+    cache = len(row.prompt) + row.max_new if row.max_new > 1 else 0
+    return len(row.prompt) - shared + cache
+
+
+def _cost(rows: list[_Row]) -> int:
+    """Tokens a chunk of sorted ``rows`` holds at once (see :func:`_added_cost`)."""
+    return sum(_added_cost(r, rows[i - 1] if i else None) for i, r in enumerate(rows))
 
 
 def _weakest_link(rows: list[_Row], following: _Row) -> int:
@@ -601,14 +613,17 @@ class HFEngine(Engine):
         max_rows = self.spec.engine_config.max_batch_size
         chunks: list[list[_Row]] = []
         current: list[_Row] = []
+        cost = 0
         for row in sorted(rows, key=lambda r: r.prompt):
             while current and (
                 len(current) >= max_rows
-                or _tokens(current) + _tokens([row]) > self.max_batch_tokens
+                or cost + _added_cost(row, current[-1]) > self.max_batch_tokens
             ):
                 cut = _weakest_link(current, row)
                 chunks.append(current[:cut])
                 current = current[cut:]
+                cost = _cost(current)
+            cost += _added_cost(row, current[-1] if current else None)
             current.append(row)
         if current:
             chunks.append(current)
