@@ -128,6 +128,57 @@ async def test_packed_batch_equals_plain_transformers_row_by_row(
         _check(engine, out, prompt, req.sampling.max_response_len or 1, None)
 
 
+def _mixed_decode_requests(prompts: list[list[int]]) -> list[EngineRequest]:
+    """Rows that stop at different steps: greedy and seeded sampled rows (top-k, top-p), lengths
+    from 2 to 12 new tokens, a stop string on some."""
+    reqs = []
+    for i, p in enumerate(prompts):
+        sampled = i % 2 == 1
+        params = SamplingParams(
+            temperature=0.9 if sampled else 0.0,
+            top_p=0.8 if i % 4 == 1 else None,
+            top_k=20 if i % 4 == 3 else None,
+            seed=100 + i if sampled else None,
+            max_response_len=[2, 12, 3, 9, 5, 12][i % 6],
+            stop=["e"] if i % 5 == 4 else None,
+        )
+        reqs.append(
+            EngineRequest(
+                sampling=params.merged_over(DEFAULT_SAMPLING),
+                prompt_token_ids=p,
+                return_tokens=True,
+            )
+        )
+    return reqs
+
+
+async def test_fixed_shape_decode_equals_the_shrinking_batch(engine: HFEngine) -> None:
+    """The decode of a CUDA graph (fixed shape: finished rows ride along as dead slots until half
+    the batch is dead, then the batch is compacted) gives every row what the default decode,
+    whose batch shrinks at every finish, gives it; here it runs eagerly on CPU."""
+    prompts = _mixed_prompts()
+    reqs = _mixed_decode_requests(prompts)
+    before = engine.counters["forward_tokens"]
+    default = await engine.generate(reqs)
+    shrinking = engine.counters["forward_tokens"] - before
+    engine.static_decode = True
+    try:
+        before = engine.counters["forward_tokens"]
+        fixed = await engine.generate(reqs)
+        riding = engine.counters["forward_tokens"] - before
+    finally:
+        engine.static_decode = None
+    assert riding > shrinking  # dead slots were computed: the fixed-shape path ran
+    assert len({o.completion_tokens for o in default}) > 3  # rows stopped at different steps
+    for a, b in zip(default, fixed, strict=True):
+        assert (a.token_ids, a.finish_reason, a.text) == (b.token_ids, b.finish_reason, b.text)
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+        assert torch.allclose(torch.tensor(a.raw_logprobs), torch.tensor(b.raw_logprobs), atol=1e-5)
+    for out, req, prompt in zip(fixed, reqs, prompts, strict=True):
+        if not req.sampling.temperature:
+            _check(engine, out, prompt, req.sampling.max_response_len or 1, req.sampling.stop)
+
+
 async def test_stop_strings_in_a_packed_batch(engine: HFEngine) -> None:
     prompts = _mixed_prompts()
     plain = [_plain_greedy(engine, p, 4)[0] for p in prompts]

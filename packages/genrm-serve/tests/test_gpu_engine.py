@@ -122,6 +122,46 @@ async def test_sleep_frees_the_weights_and_wake_gives_the_same_greedy_outputs(
     assert [o.token_ids for o in await engine.generate(requests)] == before
 
 
+async def test_decode_through_cuda_graphs_equals_the_same_steps_run_eagerly(
+    engine: HFEngine,
+) -> None:
+    """Rows of different lengths (greedy and seeded sampled) decode through captured graphs,
+    recaptured as the batch compacts, and give the tokens and log-probs of the same fixed-shape
+    steps run eagerly."""
+    await engine.start()
+    g = torch.Generator().manual_seed(2)
+    requests = []
+    for i in range(12):
+        params = SamplingParams(
+            temperature=1.0 if i % 2 else 0.0,
+            top_p=0.9 if i % 4 == 1 else None,
+            seed=7 + i,
+            max_response_len=[8, 40, 12, 24][i % 4],
+        )
+        requests.append(
+            EngineRequest(
+                sampling=params.merged_over(DEFAULT_SAMPLING),
+                prompt_token_ids=torch.randint(10, 500, (20 + 3 * i,), generator=g).tolist(),
+                return_tokens=True,
+            )
+        )
+    engine._eos_ids = frozenset()  # every row runs its full length
+    before = engine.counters["decode_graphs"]
+    graphed = await engine.generate(requests)
+    captures = engine.counters["decode_graphs"] - before
+    assert captures >= 2, captures  # the first batch, and again after it compacted
+    engine.static_decode, engine.decode_graphs = True, False
+    try:
+        eager = await engine.generate(requests)
+    finally:
+        engine.static_decode, engine.decode_graphs = None, True
+    assert engine.counters["decode_graphs"] - before == captures
+    for a, b, req in zip(graphed, eager, requests, strict=True):
+        assert a.completion_tokens == req.sampling.max_response_len
+        assert a.token_ids == b.token_ids
+        assert a.raw_logprobs == b.raw_logprobs and a.logprobs == b.logprobs
+
+
 async def test_weights_larger_than_the_share_fail_the_start_naming_the_fraction(
     qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -67,6 +67,7 @@ from genrm_serve.engines.base import (
     EngineRequest,
     RequestRefusedError,
 )
+from genrm_serve.engines.hf_decode_step import DecodeStep
 from genrm_serve.engines.hf_packing import (
     DecodeState,
     PackedPlan,
@@ -101,6 +102,9 @@ logger = logging.getLogger(__name__)
 
 #: Upper bound on the tokens one engine batch holds at once (see the module docstring).
 MAX_BATCH_TOKENS = 65536
+#: A batch decodes through a CUDA graph only when it runs at least this many steps: a capture
+#: costs about two eager steps (``GENRM_HF_CUDA_GRAPHS=0`` turns graphs off).
+GRAPH_MIN_STEPS = 8
 #: Device memory outside the engine's control (CUDA context, allocator slack), kept out of the
 #: batch budget derived from ``mem_fraction_static``.
 RESERVED_BYTES = 1 << 30
@@ -240,6 +244,10 @@ class HFEngine(Engine):
         self._generator.seed()
         self._lock = threading.Lock()  # one forward at a time; sleep/update wait for it
         self._compiled_layers: list[Any] = []
+        #: decode steps as CUDA graphs on CUDA (cleared when a capture fails)
+        self.decode_graphs = os.environ.get("GENRM_HF_CUDA_GRAPHS", "1") != "0"
+        #: force the fixed-shape decode on (or off) whatever the device: what CPU tests use
+        self.static_decode: bool | None = None
         #: rows × padded length of one forward batch (from mem_fraction_static on CUDA)
         self.max_batch_tokens = MAX_BATCH_TOKENS
         #: what the share of the device holds (bytes), once started on CUDA
@@ -249,7 +257,13 @@ class HFEngine(Engine):
         #: seconds of the last sleep / wake / weight update, for the trainer's metrics
         self.timings: dict[str, float] = {}
         #: batches: generate calls; chunks: packed prefills (at most max_batch_size rows each)
-        self.counters = {"batches": 0, "chunks": 0, "prefix_shared_tokens": 0, "forward_tokens": 0}
+        self.counters = {
+            "batches": 0,
+            "chunks": 0,
+            "prefix_shared_tokens": 0,
+            "forward_tokens": 0,
+            "decode_graphs": 0,  # decode steps captured as CUDA graphs
+        }
 
     # -- loading -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -672,10 +686,18 @@ class HFEngine(Engine):
         for i, p in zip(asking, probs, strict=True):
             rows[i].verdict_prob = float(p)
 
+    def _static_decode(self, steps: int) -> bool:
+        """Whether this batch decodes through a :class:`DecodeStep` of fixed shape (on CUDA a
+        CUDA graph): when it decodes long enough to repay a capture."""
+        if self.static_decode is not None:
+            return self.static_decode
+        return self.device.type == "cuda" and self.decode_graphs and steps >= GRAPH_MIN_STEPS
+
     def _decode_rows(
         self, rows: list[_Row], live: list[int], logits: torch.Tensor, plan: PackedPlan
     ) -> None:
-        """Sample every live row's tokens until each stops; finished rows leave the batch."""
+        """Sample every live row's tokens until each stops. Finished rows leave the batch; in a
+        static decode (a CUDA graph) they stay as dead slots until half the batch is dead."""
         device = self.device
         index = torch.tensor(live, dtype=torch.long, device=device)
         logits = logits.index_select(0, index)
@@ -689,25 +711,36 @@ class HFEngine(Engine):
         tok_h = torch.zeros((len(live), steps), dtype=torch.long)
         lp_h = torch.zeros((len(live), steps), dtype=torch.float32)
         raw_h = torch.zeros((len(live), steps), dtype=torch.float32)
-        batch = torch.arange(len(live))  # positions (into ``live``) of the rows in the batch
+        batch = torch.arange(len(live))  # per slot of the batch: its row's position in ``live``
+        dead = torch.zeros(len(live), dtype=torch.bool)  # slots whose row has finished
+        static = self._static_decode(steps)
+        graphs = static and device.type == "cuda" and self.decode_graphs
         state: DecodeState | None = None
+        step_fn: DecodeStep | None = None
         step = 0
         while True:
             tokens, lp, raw = sample(logits, sampling, step)
             host = torch.stack([tokens.to(torch.float32), lp, raw]).cpu()
             tok_step = host[0].to(torch.long)
-            tok_h[batch, step] = tok_step
-            lp_h[batch, step] = host[1]
-            raw_h[batch, step] = host[2]
-            done = torch.isin(tok_step, eos) | (max_new[batch] <= step + 1)
-            for j in (j for j, b in enumerate(batch.tolist()) if has_stop[b]):
-                done[j] |= self._hit_stop(rows[live[int(batch[j])]], tok_h[batch[j], : step + 1])
-            finished = batch[done]
-            for b in finished.tolist():
+            alive = ~dead
+            at = batch[alive]
+            tok_h[at, step] = tok_step[alive]
+            lp_h[at, step] = host[1][alive]
+            raw_h[at, step] = host[2][alive]
+            done = alive & (torch.isin(tok_step, eos) | (max_new[batch] <= step + 1))
+            for j in alive.nonzero()[:, 0].tolist():
+                b = int(batch[j])
+                if has_stop[b]:
+                    done[j] |= self._hit_stop(rows[live[b]], tok_h[b, : step + 1])
+            for b in batch[done].tolist():
                 self._finish(rows[live[b]], tok_h[b, : step + 1], lp_h[b], raw_h[b])
-            if bool(done.all()):
+            dead |= done
+            if bool(dead.all()):
                 return
-            keep = (~done).nonzero()[:, 0]
+            if state is not None and static and int((~dead).sum()) > len(batch) // 2:
+                keep = torch.arange(len(batch))  # dead slots ride along: the shape holds
+            else:
+                keep = (~dead).nonzero()[:, 0]
             if state is None:
                 state = DecodeState.from_plan(
                     plan, [live[b] for b in batch[keep].tolist()], steps - 1, device
@@ -718,20 +751,32 @@ class HFEngine(Engine):
                 keep_dev = keep.to(device)
                 state.select(keep_dev)
                 sampling = sampling.select(keep_dev)
-            batch = batch[keep]
-            current = tokens.index_select(0, keep.to(device))
+                step_fn = None  # a new batch size: a new step (and graph)
+            if len(keep) < len(batch):
+                tokens = tokens.index_select(0, keep.to(device))
+            batch, dead = batch[keep], dead[keep]
             step += 1
             self.counters["forward_tokens"] += len(batch)
-            with activate(state):
-                out = self._forward(
-                    input_ids=current[:, None],
-                    position_ids=state.write_at[:, None],
-                    use_cache=False,
-                    logits_to_keep=1,
-                )
+            if static:
+                fresh = step_fn is None
+                if step_fn is None:
+                    step_fn = DecodeStep(self._forward, state, graph=graphs)
+                logits = step_fn(tokens)
+                if fresh and step_fn.graph is not None:
+                    self.counters["decode_graphs"] += 1
+                if graphs and not step_fn.use_graph:
+                    self.decode_graphs = graphs = False  # it failed once: not again
+            else:
+                with activate(state):
+                    out = self._forward(
+                        input_ids=tokens[:, None],
+                        position_ids=state.write_at[:, None],
+                        use_cache=False,
+                        logits_to_keep=1,
+                    )
+                logits = out.logits[:, -1, :].float()
+                del out
             state.advance()
-            logits = out.logits[:, -1, :].float()
-            del out
 
     def _decode(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))

@@ -392,7 +392,11 @@ class DecodeState:
         self._masks.clear()
 
     def advance(self) -> None:
-        self.write_at = self.write_at + 1
+        """One position on, in place: a captured decode step reads ``write_at`` where it is."""
+        self.write_at.add_(1)
+        self._masks.clear()
+
+    def clear_masks(self) -> None:
         self._masks.clear()
 
     def mask(self, window: int | None) -> torch.Tensor:
