@@ -147,12 +147,15 @@ def _service(
     with httpx.Client(base_url=sargs.url, timeout=600) as sync_client:
         (slot,) = sync_client.get("/engines").json()["instances"]["judge"]
     worker = ray.get_actor(slot["actor_name"], namespace=slot["namespace"])
+    actor_s: list[float] = []  # per call: the longest time a request spent in the engine actor
 
     async def batch() -> None:
         async with httpx.AsyncClient(base_url=sargs.url, timeout=600) as client:
             r = await client.post("/generate_batch", json={"requests": bodies})
             r.raise_for_status()
-            assert all("response" in x for x in r.json()["results"]), r.text[:500]
+            results = r.json()["results"]
+            assert all("response" in x for x in results), r.text[:500]
+            actor_s.append(max(x["meta"]["engine_latency_s"] for x in results))
 
     async def concurrent() -> None:
         limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
@@ -160,12 +163,15 @@ def _service(
             rs = await asyncio.gather(*(client.post("/generate", json=b) for b in bodies))
             for r in rs:
                 r.raise_for_status()
+            actor_s.append(max(r.json()["meta"]["engine_latency_s"] for r in rs))
 
     for name, fn in (("/generate_batch", batch), (f"/generate x{len(texts)}", concurrent)):
         before = ray.get(worker.stats.remote())
         wall = _median_wall(fn, repeats)
         after = ray.get(worker.stats.remote())
         counters = {k: int(after.get(k, 0) - before.get(k, 0)) for k in COUNTERS}
+        counters["actor_ms"] = int(1e3 * statistics.median(actor_s[-repeats:]))
+        actor_s.clear()
         rows.append((name, wall, counters))
     serve.shutdown()
     ray.shutdown()
@@ -202,15 +208,15 @@ def main() -> None:
     rows = [("in process: HFEngine.generate", base, counters), *_service(spec, texts, args.repeats)]
     print(
         "| path | judgments/s | ms per batch | vs in process | engine calls | packed prefills "
-        "| tokens shared | tokens computed |"
+        "| tokens shared | tokens computed | ms in the engine actor |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, wall, c in rows:
         per = {k: c[k] / calls for k in COUNTERS}
         print(
             f"| {name} | {n / wall:.1f} | {wall * 1e3:.0f} | {base / wall:.2f}x "
             f"| {per['batches']:.1f} | {per['chunks']:.1f} | {per['prefix_shared_tokens']:.0f} "
-            f"| {per['forward_tokens']:.0f} |",
+            f"| {per['forward_tokens']:.0f} | {c.get('actor_ms', '-')} |",
             flush=True,
         )
 
