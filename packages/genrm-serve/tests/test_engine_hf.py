@@ -117,6 +117,24 @@ def test_fallback_template_for_models_without_one(tiny_dir: Path, tmp_path: Path
     assert text == "<bos>Judge.\n\nUser: Is 1 = 1?\n\nAssistant:"
 
 
+async def test_a_batch_of_prompts_is_tokenized_as_each_alone(tiny_dir: Path) -> None:
+    """One tokenizer call for a batch's chat prompts: the same ids as each request alone, the
+    token-id requests as given, and an over-long prompt's refusal in its own place."""
+    eng = await _aengine(tiny_dir, max_context_len=64)
+    assert eng.prompts is not None
+    requests = [
+        _req(SHARED[:80] + " answer 1"),
+        EngineRequest(sampling=DEFAULT_SAMPLING, prompt_token_ids=[5, 6, 7]),
+        _req("far " * 40),
+        _req("short"),
+    ]
+    many = eng.prompts.checked_many(requests)
+    assert many[0] == eng.prompts.checked(requests[0])
+    assert many[1] == [5, 6, 7]
+    assert isinstance(many[2], PromptTooLongError) and many[2].prompt_tokens > 64
+    assert many[3] == eng.prompts.checked(requests[3])
+
+
 async def test_over_long_prompt_is_refused_alone_before_any_compute(tiny_dir: Path) -> None:
     eng = await _aengine(tiny_dir, max_context_len=24)
     before = dict(eng.counters)

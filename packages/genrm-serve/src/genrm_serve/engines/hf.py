@@ -256,6 +256,9 @@ class HFEngine(Engine):
         self._weight_group: WeightBroadcastGroup | None = None
         #: seconds of the last sleep / wake / weight update, for the trainer's metrics
         self.timings: dict[str, float] = {}
+        #: seconds spent so far checking and tokenizing prompts, and running batches on the model
+        #: (where a batch's time goes, wherever the engine runs: in process or in an actor)
+        self.busy_s = {"prompts": 0.0, "compute": 0.0}
         #: batches: generate calls; chunks: packed prefills (at most max_batch_size rows each)
         self.counters = {
             "batches": 0,
@@ -537,6 +540,7 @@ class HFEngine(Engine):
             "max_batch_tokens": self.max_batch_tokens,
             **self.memory_budget,
             **{f"time_{k}": v for k, v in self.timings.items()},
+            **{f"busy_{k}_s": v for k, v in self.busy_s.items()},
         }
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
@@ -574,11 +578,13 @@ class HFEngine(Engine):
             ids.append(int(encoded[0]))
         return ids[0], ids[1]
 
-    def _make_row(self, request: EngineRequest) -> _Row:
+    def _make_row(self, request: EngineRequest, prompt: list[int] | None = None) -> _Row:
+        """A request's row; ``prompt`` is its checked token ids when already encoded."""
         assert self.prompts is not None
         if request.sampling.logprob_verdict:
             self._verdict_tokens(request)  # refused before any compute
-        prompt = self.prompts.checked(request)
+        if prompt is None:
+            prompt = self.prompts.checked(request)
         default = self.spec.sampling_config.max_response_len or 1
         seed = request.sampling.seed
         if seed is None:
@@ -593,13 +599,20 @@ class HFEngine(Engine):
     def _generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
         t0 = time.monotonic()
         # Every check before any compute; a refused request fails alone, the others run.
+        assert self.prompts is not None
         entries: list[_Row | RequestRefusedError] = []
-        for request in requests:
+        for request, prompt in zip(requests, self.prompts.checked_many(requests), strict=True):
             try:
-                entries.append(self._make_row(request))
+                if isinstance(prompt, RequestRefusedError):
+                    if request.sampling.logprob_verdict:
+                        self._verdict_tokens(request)  # that refusal first, as for one alone
+                    raise prompt
+                entries.append(self._make_row(request, prompt))
             except RequestRefusedError as err:
                 entries.append(err)
         rows = [e for e in entries if isinstance(e, _Row)]
+        t1 = time.monotonic()
+        self.busy_s["prompts"] += t1 - t0
         if len(entries) == 1 and not rows:
             raise cast(RequestRefusedError, entries[0])
         if rows:
@@ -609,6 +622,7 @@ class HFEngine(Engine):
                 for chunk in self._chunks(rows):
                     self._run_chunk(chunk)
             self.counters["batches"] += 1
+            self.busy_s["compute"] += time.monotonic() - t1
         elapsed = time.monotonic() - t0
         outputs: list[EngineOutput | BaseException] = [
             self._output(e, elapsed, len(rows)) if isinstance(e, _Row) else e for e in entries
