@@ -123,16 +123,24 @@ def _in_process(spec: InstanceSpec, texts: list[str], repeats: int) -> tuple[flo
         outs = await engine.generate(reqs)
         assert len(outs) == len(texts)
 
-    before = dict(engine.counters)
+    before = engine.stats()
     wall = _median_wall(once, repeats)
-    counters = {k: int(engine.counters.get(k, 0) - before.get(k, 0)) for k in COUNTERS}
+    counters = _deltas(before, engine.stats())
     asyncio.run(engine.shutdown())
     return wall, counters
 
 
 #: The engine's counters each row reports, per batch of 64: its generate calls, its packed
-#: prefills, the prompt tokens they shared and the tokens they computed.
+#: prefills, the prompt tokens they shared and the tokens they computed; then the milliseconds
+#: it spent on the prompts (checks, template, tokenizer) and on the model.
 COUNTERS = ("batches", "chunks", "prefix_shared_tokens", "forward_tokens")
+BUSY = ("busy_prompts_s", "busy_compute_s")
+
+
+def _deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    out = {k: int(after.get(k, 0) - before.get(k, 0)) for k in COUNTERS}
+    out |= {k: int(1e3 * (after.get(k, 0.0) - before.get(k, 0.0))) for k in BUSY}
+    return out
 
 
 def _service(
@@ -169,7 +177,7 @@ def _service(
         before = ray.get(worker.stats.remote())
         wall = _median_wall(fn, repeats)
         after = ray.get(worker.stats.remote())
-        counters = {k: int(after.get(k, 0) - before.get(k, 0)) for k in COUNTERS}
+        counters = _deltas(before, after)
         counters["actor_ms"] = int(1e3 * statistics.median(actor_s[-repeats:]))
         actor_s.clear()
         rows.append((name, wall, counters))
@@ -208,15 +216,17 @@ def main() -> None:
     rows = [("in process: HFEngine.generate", base, counters), *_service(spec, texts, args.repeats)]
     print(
         "| path | judgments/s | ms per batch | vs in process | engine calls | packed prefills "
-        "| tokens shared | tokens computed | ms in the engine actor |"
+        "| tokens shared | tokens computed | ms in the engine actor | engine ms: prompts "
+        "| engine ms: model |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, wall, c in rows:
-        per = {k: c[k] / calls for k in COUNTERS}
+        per = {k: c[k] / calls for k in (*COUNTERS, *BUSY)}
         print(
             f"| {name} | {n / wall:.1f} | {wall * 1e3:.0f} | {base / wall:.2f}x "
             f"| {per['batches']:.1f} | {per['chunks']:.1f} | {per['prefix_shared_tokens']:.0f} "
-            f"| {per['forward_tokens']:.0f} | {c.get('actor_ms', '-')} |",
+            f"| {per['forward_tokens']:.0f} | {c.get('actor_ms', '-')} "
+            f"| {per['busy_prompts_s']:.0f} | {per['busy_compute_s']:.0f} |",
             flush=True,
         )
 
