@@ -9,7 +9,9 @@ engine* with no delay (it answers at once), so what is measured is the path, not
   measured separately in ``client_overhead.py``); ``http xNp`` spreads the same load over N
   processes, because one httpx pool itself slows down past ~100 connections;
 * ``batch``: ``POST /genrm/generate_batch`` with batches of 64, reported as judgments/s, beside
-  ``direct-many`` (``worker.generate_many.remote`` with the same batches).
+  ``direct-many`` (``worker.generate_many.remote`` with the same batches); ``--judge-batch``
+  makes them the 64 judge prompts of ``judge_service.py`` (~1,000 tokens each) instead of one
+  short line repeated.
 
 Concurrency 1, 64 and 256 (in-flight requests from this process). Load generator, Serve proxy,
 ingress and engine all share this machine's cores: read the numbers relative to each other.
@@ -168,7 +170,11 @@ async def main_async(args: argparse.Namespace) -> None:
         await worker.generate.remote(request)
         return 1
 
-    batch_reqs = [request] * 64
+    texts = _judge_texts() if args.judge_batch else [PROMPT] * 64
+    batch_reqs = [
+        EngineRequest(sampling=spec.sampling_config, messages=[Message(role="user", content=t)])
+        for t in texts
+    ]
 
     async def direct_many() -> int:
         return len(await worker.generate_many.remote(batch_reqs))
@@ -181,7 +187,7 @@ async def main_async(args: argparse.Namespace) -> None:
             r.raise_for_status()
             return 1
 
-        batch_body = {"requests": [BODY] * 64}
+        batch_body = {"requests": [{"messages": [{"role": "user", "content": t}]} for t in texts]}
 
         async def batch() -> int:
             r = await client.post("/generate_batch", json=batch_body)
@@ -213,6 +219,17 @@ async def main_async(args: argparse.Namespace) -> None:
         _row(f"batch x{args.procs}p", 16, res, "judgments/s")
 
 
+def _judge_texts() -> list[str]:
+    """The 64 prompts of ``judge_service.py`` (8 groups x 8, 550 + 150 random tokens of the tiny
+    tokenizer, decoded): a judge batch's real size on the wire."""
+    from judge_service import _texts
+
+    from genrm_serve.testing import build_tiny_tokenizer
+
+    shape = argparse.Namespace(groups=8, group_size=8, shared=550, private=150)
+    return _texts(shape, build_tiny_tokenizer())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000, help="requests per point")
@@ -220,6 +237,9 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=4, help="logical CPUs of the local Ray")
     parser.add_argument(
         "--procs", type=int, default=4, help="load-generator processes for the http xNp rows"
+    )
+    parser.add_argument(
+        "--judge-batch", action="store_true", help="batch rows: judge-sized prompts, not one line"
     )
     args = parser.parse_args()
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
