@@ -33,8 +33,10 @@ def _script(**kw):
 
 @pytest.fixture(scope="module")
 def judge():
-    """A local Ray + the judge service: a good judge, a flaky one (fails every micro-batch that
-    quotes a line starting with "q") and one that is down."""
+    """A local Ray + the judge service: a good judge, a flaky one (fails every request that
+    quotes a line starting with "q") and one that is down. The flaky engine runs one request per
+    batch: a failure that takes its whole micro-batch along would fail a number of samples that
+    depends on how many arrived together, which varies with the machine's speed."""
     from genrm_serve.app import build_app, deploy, wait_until_healthy
     from genrm_serve.config import build_instances
     from genrm_serve.serve_args import ServeArgs
@@ -46,6 +48,7 @@ def judge():
             "flaky": {
                 "model_path": _script(default="0", replies=replies, fail_when_contains="| q"),
                 "num_gpus": 1,
+                "engine_config": {"max_batch_size": 1},
             },
             "down": {"model_path": _script(default="1", fail_every=1), "num_gpus": 1},
         },
@@ -137,22 +140,25 @@ async def test_two_steps_with_judge_rewards(
     trainer.finish_step = spy
     await trainer.run()
 
+    from genrm_rewards.dapo_genrm import build_messages
+
     samples = [s for b in batches for s in b]
     for s in samples:  # every verdict is the judge's, and it follows the script
+        # the judge saw the answer quoted line by line ("| ...")
+        block = build_messages("q", s.label, s.response)[0]["content"]
         if s.status == "judge_error":
-            # the test engine fails a whole micro-batch when one request in it quotes "q"
+            # the flaky engine fails a request that quotes a line starting with "q": this one
             assert "request contains '| q'" in s.reward_details["error"]
+            assert "| q" in block
             assert s.reward is None and not s.in_loss and s.advantage == 0.0
             continue
         assert s.status == "ok" and s.reward_details["route_key"] == "flaky"
-        # the judge saw the answer quoted line by line ("| ..."); the script says 1 when a
-        # quoted line starts with one of FIRST_CHARS
-        from genrm_rewards.dapo_genrm import build_messages
-
-        block = build_messages("q", s.label, s.response)[0]["content"]
+        # the script says 1 when a quoted line starts with one of FIRST_CHARS
         expected = 1.0 if any(f"| {c}" in block for c in FIRST_CHARS) else 0.0
         assert s.reward == expected, s.response
     assert {s.reward for s in samples} >= {0.0, 1.0}
+    errors = [s for s in samples if s.status == "judge_error"]
+    assert 0 < len(errors) < len(samples) // 2, len(errors)  # failures were met, and masked
     varied = [
         b
         for b in batches
