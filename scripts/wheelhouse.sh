@@ -29,25 +29,35 @@ python3 -m uv build --all-packages --wheel --out-dir "$OUT"
 
 # The dependency list the host needs, from the lock (the versions CI tested), without the
 # workspace members themselves (their wheels are built above) and without SKIP.
+# Plus, from the dev group, the test runner and the plugins scripts/test-offline.sh needs
+# (pytest-asyncio above all: a GPU image's pytest may come without it, and every async test
+# then errors), not the lint and type tools, which CI runs.
 REQS=$(mktemp)
-trap 'rm -f "$REQS" "$REQS.all"' EXIT
-# shellcheck disable=SC2086
+trap 'rm -f "$REQS" "$REQS.all" "$REQS.dev"' EXIT
 python3 -m uv export --frozen --no-hashes --no-emit-workspace --no-dev --all-packages \
     --format requirements-txt --python "$PY" -o "$REQS.all" >/dev/null
-python3 - "$REQS.all" "$REQS" $SKIP <<'EOF'
+python3 -m uv export --frozen --no-hashes --no-emit-workspace --only-group dev --all-packages \
+    --format requirements-txt --python "$PY" -o "$REQS.dev" >/dev/null
+# shellcheck disable=SC2086
+python3 - "$REQS.all" "$REQS.dev" "$REQS" $SKIP <<'EOF'
 import fnmatch, re, sys
-src, dst, *skip = sys.argv[1:]
-keep = []
-for line in open(src):
-    line = line.strip()
-    if not line or line.startswith(("#", "-e", ".")):
-        continue
-    name = re.split(r"[=<>!~; \[]", line, maxsplit=1)[0].lower().replace("_", "-")
-    if any(fnmatch.fnmatch(name, pat) for pat in skip):
-        continue
-    keep.append(line)
-open(dst, "w").write("\n".join(keep) + "\n")
-print(f"{len(keep)} dependencies (skipped: {' '.join(skip) or 'none'})")
+src, dev, dst, *skip = sys.argv[1:]
+TEST_TOOLS = ("pytest", "pytest-*", "execnet", "iniconfig", "pluggy")
+
+
+def requirements(path):
+    for line in open(path):
+        line = line.strip()
+        if line and not line.startswith(("#", "-e", ".")):
+            name = re.split(r"[=<>!~; \[]", line, maxsplit=1)[0].lower().replace("_", "-")
+            yield name, line
+
+
+keep = {n: r for n, r in requirements(src) if not any(fnmatch.fnmatch(n, p) for p in skip)}
+tools = {n: r for n, r in requirements(dev) if any(fnmatch.fnmatch(n, p) for p in TEST_TOOLS)}
+keep |= tools
+open(dst, "w").write("\n".join(keep.values()) + "\n")
+print(f"{len(keep)} dependencies, {len(tools)} test tools (skipped: {' '.join(skip) or 'none'})")
 EOF
 
 if [[ -n "${DRY_RUN:-}" ]]; then
