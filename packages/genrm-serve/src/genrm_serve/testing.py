@@ -75,14 +75,37 @@ def local_ray_serve(num_cpus: int, port: int | None = None) -> Iterator[int]:
     import ray
     from ray import serve
 
-    port = free_port() if port is None else port
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        yield port
+        yield _serve_on(port)
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
+
+
+#: Free ports tried when Serve's proxy loses the one it was given to another process.
+SERVE_PORT_ATTEMPTS = 3
+
+
+def _serve_on(port: int | None) -> int:
+    """Start Serve's proxy on ``port``, or on a free one. A free port is chosen after Ray's own
+    processes are up, and another is tried if one of them (or a test's) took it before the proxy
+    bound it: "free" is only true when asked, and a busy machine starts many processes."""
+    from ray import serve
+
+    if port is not None:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        return port
+    for attempt in range(1, SERVE_PORT_ATTEMPTS + 1):
+        port = free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            return port
+        except Exception as err:
+            if "bind" not in str(err).lower() or attempt == SERVE_PORT_ATTEMPTS:
+                raise
+            serve.shutdown()  # type: ignore[no-untyped-call]
+    raise AssertionError("unreachable")
 
 
 #: Special tokens of the tiny tokenizer, in id order (ids 0..4).
