@@ -93,16 +93,14 @@ def _serve_on(port: int | None) -> int:
     bound it: "free" is only true when asked, and a busy machine starts many processes."""
     from ray import serve
 
-    if port is not None:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        return port
     for attempt in range(1, SERVE_PORT_ATTEMPTS + 1):
-        port = free_port()
+        chosen = free_port() if port is None else port
         try:
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            return port
+            serve.start(http_options={"host": "127.0.0.1", "port": chosen})
+            return chosen
         except Exception as err:
-            if "bind" not in str(err).lower() or attempt == SERVE_PORT_ATTEMPTS:
+            # a port the caller chose is theirs to fix; only a lost free port is replaced
+            if port is not None or "bind" not in str(err).lower() or attempt == SERVE_PORT_ATTEMPTS:
                 raise
             serve.shutdown()  # type: ignore[no-untyped-call]
     raise AssertionError("unreachable")

@@ -578,13 +578,18 @@ class HFEngine(Engine):
             ids.append(int(encoded[0]))
         return ids[0], ids[1]
 
-    def _make_row(self, request: EngineRequest, prompt: list[int] | None = None) -> _Row:
-        """A request's row; ``prompt`` is its checked token ids when already encoded."""
+    def _make_row(
+        self, request: EngineRequest, prompt: list[int] | RequestRefusedError | None = None
+    ) -> _Row:
+        """A request's row; ``prompt`` is what :meth:`PromptEncoder.checked_many` made of it
+        (its token ids, or its refusal) when already encoded."""
         assert self.prompts is not None
         if request.sampling.logprob_verdict:
             self._verdict_tokens(request)  # refused before any compute
         if prompt is None:
             prompt = self.prompts.checked(request)
+        if isinstance(prompt, RequestRefusedError):
+            raise prompt
         default = self.spec.sampling_config.max_response_len or 1
         seed = request.sampling.seed
         if seed is None:
@@ -603,10 +608,6 @@ class HFEngine(Engine):
         entries: list[_Row | RequestRefusedError] = []
         for request, prompt in zip(requests, self.prompts.checked_many(requests), strict=True):
             try:
-                if isinstance(prompt, RequestRefusedError):
-                    if request.sampling.logprob_verdict:
-                        self._verdict_tokens(request)  # that refusal first, as for one alone
-                    raise prompt
                 entries.append(self._make_row(request, prompt))
             except RequestRefusedError as err:
                 entries.append(err)
@@ -701,8 +702,8 @@ class HFEngine(Engine):
             rows[i].verdict_prob = float(p)
 
     def _static_decode(self, steps: int) -> bool:
-        """Whether this batch decodes through a :class:`DecodeStep` of fixed shape (on CUDA a
-        CUDA graph): when it decodes long enough to repay a capture."""
+        """Whether this batch keeps a fixed shape while rows finish (dead slots), so that its
+        :class:`DecodeStep` can be a CUDA graph: when it decodes long enough to repay a capture."""
         if self.static_decode is not None:
             return self.static_decode
         return self.device.type == "cuda" and self.decode_graphs and steps >= GRAPH_MIN_STEPS
@@ -721,6 +722,7 @@ class HFEngine(Engine):
         eos = torch.tensor(sorted(self._eos_ids), dtype=torch.long)
         max_new = torch.tensor([rows[i].max_new for i in live], dtype=torch.long)
         has_stop = [bool(rows[i].request.sampling.stop) for i in live]
+        any_stop = any(has_stop)
         steps = int(max_new.max())
         tok_h = torch.zeros((len(live), steps), dtype=torch.long)
         lp_h = torch.zeros((len(live), steps), dtype=torch.float32)
@@ -742,10 +744,10 @@ class HFEngine(Engine):
             lp_h[at, step] = host[1][alive]
             raw_h[at, step] = host[2][alive]
             done = alive & (torch.isin(tok_step, eos) | (max_new[batch] <= step + 1))
-            for j in alive.nonzero()[:, 0].tolist():
-                b = int(batch[j])
-                if has_stop[b]:
-                    done[j] |= self._hit_stop(rows[live[b]], tok_h[b, : step + 1])
+            if any_stop:  # per step, per row in Python: only when a row has stop strings
+                for j, (b, live_j) in enumerate(zip(batch.tolist(), alive.tolist(), strict=True)):
+                    if live_j and has_stop[b]:
+                        done[j] |= self._hit_stop(rows[live[b]], tok_h[b, : step + 1])
             for b in batch[done].tolist():
                 self._finish(rows[live[b]], tok_h[b, : step + 1], lp_h[b], raw_h[b])
             dead |= done
@@ -771,25 +773,14 @@ class HFEngine(Engine):
             batch, dead = batch[keep], dead[keep]
             step += 1
             self.counters["forward_tokens"] += len(batch)
-            if static:
-                fresh = step_fn is None
-                if step_fn is None:
-                    step_fn = DecodeStep(self._forward, state, graph=graphs)
-                logits = step_fn(tokens)
-                if fresh and step_fn.graph is not None:
-                    self.counters["decode_graphs"] += 1
-                if graphs and not step_fn.use_graph:
-                    self.decode_graphs = graphs = False  # it failed once: not again
-            else:
-                with activate(state):
-                    out = self._forward(
-                        input_ids=tokens[:, None],
-                        position_ids=state.write_at[:, None],
-                        use_cache=False,
-                        logits_to_keep=1,
-                    )
-                logits = out.logits[:, -1, :].float()
-                del out
+            fresh = step_fn is None
+            if step_fn is None:
+                step_fn = DecodeStep(self._forward, state, graph=graphs)
+            logits = step_fn(tokens)
+            if fresh and step_fn.graph is not None:
+                self.counters["decode_graphs"] += 1
+            if graphs and not step_fn.use_graph:
+                self.decode_graphs = graphs = False  # it failed once: not again
             state.advance()
 
     def _decode(self, tokens: list[int]) -> str:

@@ -14,8 +14,9 @@ size, so a batch of ``n`` rows captures at most ``log2(n) + 1`` graphs. Each gra
 memory pool, freed with it (a pool shared across a compaction is released when the graph that
 held it dies, and torch 2.11's allocator then asserts on the next capture into it).
 
-Off CUDA the same object runs the step as is against the same buffers: what the CPU tests
-exercise (the dead slots, the compaction, the in-place positions).
+Without a graph (off CUDA, a batch too short to repay a capture, a capture that failed) the same
+object runs the step eagerly against the same buffers: one decode step, one code path; the CPU
+tests exercise its dead slots, compaction and in-place positions.
 """
 
 from __future__ import annotations
@@ -45,10 +46,6 @@ class DecodeStep:
         self.graph: Any = None
         self.logits: torch.Tensor | None = None
 
-    @property
-    def rows(self) -> int:
-        return int(self.tokens.shape[0])
-
     def _run(self) -> torch.Tensor:
         self.state.clear_masks()  # computed inside the step (and so inside a graph)
         with activate(self.state):
@@ -69,7 +66,7 @@ class DecodeStep:
             return self._run()
         if self.graph is None:
             self._capture()
-        if self.graph is None:  # the capture failed: this step object runs eagerly from now on
+        if not self.use_graph:  # the capture failed: this step runs eagerly from now on
             return self._run()
         self.graph.replay()
         assert self.logits is not None
