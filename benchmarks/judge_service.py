@@ -5,6 +5,8 @@ gets what the service delivers. This runs one GRPO-shaped judge batch three ways
 ratio of each to the first:
 
 * ``in process``: ``HFEngine.generate`` on the 64 requests, in this process;
+* ``in the engine actor``: the same call made inside the service's engine actor (its process,
+  without the batcher, the Ray call or HTTP);
 * ``/generate_batch``: one ``POST /genrm/generate_batch`` of the 64 (what the rewards send);
 * ``/generate x64``: 64 concurrent ``POST /genrm/generate`` (what a naive client sends).
 
@@ -13,12 +15,17 @@ the engine actor's micro-batcher, with the engine in its own process. The prompt
 messages (the service's input), so the template is in both paths: ``--groups`` groups of
 ``--group-size`` samples, each ``--shared`` random tokens of its group's then ``--private`` of
 its own, decoded to text. One output token, greedy. Beside each row: the engine batches that
-served it and the prompt tokens its packed prefill shared (the engine actor's counters).
+served it and the prompt tokens its packed prefill shared (the engine actor's counters), and
+when a call's first and last request reached the engine actor's queue.
+
+``--serve-mode throughput`` runs the service in Ray Serve's high-throughput mode (HAProxy in
+front, throughput-optimized replicas) instead of behind its Python HTTP proxy.
 
 The model is a random-weight folder of ``--shape`` (bf16 on a GPU, fp32 on CPU), or
 ``--model PATH|embedded``::
 
     python benchmarks/judge_service.py --shape qwen3-4b                   # one GPU
+    python benchmarks/judge_service.py --shape qwen3-4b --serve-mode throughput
     python benchmarks/judge_service.py --model embedded --shared 100 --private 25 --groups 4
 """
 
@@ -28,6 +35,7 @@ import argparse
 import asyncio
 import gc
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -64,8 +72,13 @@ def _model_folder(args: argparse.Namespace) -> str:
     or the given model."""
     if args.model:
         return str(resolve_model_path(args.model))
+    if args.model_dir and (Path(args.model_dir) / "config.json").exists():
+        return str(args.model_dir)  # written by an earlier run
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     folder, model = _random_model_dir(args.shape, device)
+    if args.model_dir:  # kept for the next run (another --serve-mode, say)
+        shutil.copytree(folder, args.model_dir, dirs_exist_ok=True)
+        folder = Path(args.model_dir)
     model.save_pretrained(folder)
     del model
     gc.collect()
@@ -143,6 +156,51 @@ def _deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+#: Ray Serve's own high-throughput mode (its docs, Ray >= 2.55): HAProxy in place of the Python
+#: HTTP proxy, and the throughput-optimized replica (user code on the replica's own event loop).
+#: Read by Ray's processes when they start, so set before ``ray.init``.
+THROUGHPUT_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+def _record_arrivals(actor: Any) -> None:
+    """In the engine actor: note when each call's requests reach its queue (wall clock, the
+    same clock as this process on one machine)."""
+    submit = actor._submit
+    actor.arrivals = []
+
+    def recorded(requests: list[EngineRequest]) -> Any:
+        actor.arrivals.append((time.time(), len(requests)))
+        return submit(requests)
+
+    actor._submit = recorded
+
+
+def _take_arrivals(actor: Any) -> list[tuple[float, int]]:
+    out, actor.arrivals = actor.arrivals, []
+    return list(out)
+
+
+async def _timed_calls(
+    fn: Callable[[], Awaitable[Any]], worker: Any, repeats: int
+) -> tuple[float, dict[str, int]]:
+    """Median wall of ``repeats`` calls after a warm-up, and when the requests of a call reached
+    the engine actor: the median over calls of the first and the last arrival (ms after the
+    call began)."""
+    await fn()
+    await worker.__ray_call__.remote(_take_arrivals)
+    walls, first, last = [], [], []
+    for _ in range(repeats):
+        t0 = time.time()
+        await fn()
+        walls.append(time.time() - t0)
+        arrivals = await worker.__ray_call__.remote(_take_arrivals)
+        first.append(1e3 * (arrivals[0][0] - t0))
+        last.append(1e3 * (arrivals[-1][0] - t0))
+    spread = {"first_arrival_ms": int(statistics.median(first))}
+    spread["last_arrival_ms"] = int(statistics.median(last))
+    return statistics.median(walls), spread
+
+
 def _service(
     spec: InstanceSpec, texts: list[str], repeats: int
 ) -> list[tuple[str, float, dict[str, int]]]:
@@ -151,39 +209,79 @@ def _service(
     deploy(build_app({"judge": spec}, args=sargs), sargs)
     wait_until_healthy(sargs, 900)
     bodies = [{"messages": [{"role": "user", "content": t}], "route_key": "judge"} for t in texts]
-    rows = []
     with httpx.Client(base_url=sargs.url, timeout=600) as sync_client:
         (slot,) = sync_client.get("/engines").json()["instances"]["judge"]
     worker = ray.get_actor(slot["actor_name"], namespace=slot["namespace"])
-    actor_s: list[float] = []  # per call: the longest time a request spent in the engine actor
+    ray.get(worker.__ray_call__.remote(_record_arrivals))
+    rows = [_in_actor(worker, spec, texts, repeats)]
+    rows += asyncio.run(_http_paths(sargs.url, bodies, worker, repeats))
+    serve.shutdown()
+    ray.shutdown()
+    return rows
 
-    async def batch() -> None:
-        async with httpx.AsyncClient(base_url=sargs.url, timeout=600) as client:
+
+async def _http_paths(
+    url: str, bodies: list[dict[str, Any]], worker: Any, repeats: int
+) -> list[tuple[str, float, dict[str, int]]]:
+    """Both HTTP paths, each through one client kept open across its calls (as a reward
+    function keeps its client): the warm-up call opens the connections."""
+    actor_s: list[float] = []  # per call: the longest time a request spent in the engine actor
+    n = len(bodies)
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    rows = []
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+        async def batch() -> None:
             r = await client.post("/generate_batch", json={"requests": bodies})
             r.raise_for_status()
             results = r.json()["results"]
             assert all("response" in x for x in results), r.text[:500]
             actor_s.append(max(x["meta"]["engine_latency_s"] for x in results))
 
-    async def concurrent() -> None:
-        limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
-        async with httpx.AsyncClient(base_url=sargs.url, timeout=600, limits=limits) as client:
+        async def concurrent() -> None:
             rs = await asyncio.gather(*(client.post("/generate", json=b) for b in bodies))
             for r in rs:
                 r.raise_for_status()
             actor_s.append(max(r.json()["meta"]["engine_latency_s"] for r in rs))
 
-    for name, fn in (("/generate_batch", batch), (f"/generate x{len(texts)}", concurrent)):
-        before = ray.get(worker.stats.remote())
-        wall = _median_wall(fn, repeats)
-        after = ray.get(worker.stats.remote())
-        counters = _deltas(before, after)
-        counters["actor_ms"] = int(1e3 * statistics.median(actor_s[-repeats:]))
-        actor_s.clear()
-        rows.append((name, wall, counters))
-    serve.shutdown()
-    ray.shutdown()
+        for name, fn in (("/generate_batch", batch), (f"/generate x{n}", concurrent)):
+            before = await worker.stats.remote()
+            wall, counters = await _timed_calls(fn, worker, repeats)
+            counters |= _deltas(before, await worker.stats.remote())
+            counters["actor_ms"] = int(1e3 * statistics.median(actor_s[-repeats:]))
+            actor_s.clear()
+            rows.append((name, wall, counters))
     return rows
+
+
+def _in_actor(
+    worker: Any, spec: InstanceSpec, texts: list[str], repeats: int
+) -> tuple[str, float, dict[str, int]]:
+    """The engine's own batch call, timed inside the engine actor: the same work as in process,
+    in the actor's process, without the batcher, the Ray call or HTTP. It says whether a gap
+    between the service and in process comes from the process the engine runs in or from the
+    path to it."""
+
+    def run(actor: Any, texts: list[str], sampling: Any, repeats: int) -> tuple[float, dict]:
+        engine = actor.engine
+
+        def once() -> float:
+            reqs = [
+                EngineRequest(sampling=sampling, messages=[Message(role="user", content=t)])
+                for t in texts
+            ]
+            t0 = time.perf_counter()
+            outs = engine._generate(reqs)
+            assert len(outs) == len(texts)
+            return time.perf_counter() - t0
+
+        before = engine.stats()
+        once()
+        wall = statistics.median(once() for _ in range(repeats))
+        return wall, _deltas(before, engine.stats())
+
+    wall, counters = ray.get(worker.__ray_call__.remote(run, texts, spec.sampling_config, repeats))
+    return "in the engine actor: HFEngine._generate, called there", wall, counters
 
 
 def main() -> None:
@@ -195,7 +293,21 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--shared", type=int, default=550)
     ap.add_argument("--private", type=int, default=150)
+    ap.add_argument(
+        "--model-dir",
+        default=None,
+        help="where the random-weight model of --shape is written, or read if already there",
+    )
+    ap.add_argument(
+        "--serve-mode",
+        default="proxy",
+        choices=("proxy", "throughput"),
+        help="proxy: Ray Serve's default HTTP proxy; throughput: its high-throughput mode "
+        "(HAProxy, throughput-optimized replicas)",
+    )
     args = ap.parse_args()
+    if args.serve_mode == "throughput":
+        os.environ.update(THROUGHPUT_ENV)
 
     from transformers import AutoTokenizer
 
@@ -207,7 +319,8 @@ def main() -> None:
     print(
         f"judge through the service: {args.model or args.shape}, {args.groups} groups x "
         f"{args.group_size}, {args.shared} shared + {args.private} private tokens before the "
-        f"template, 1 output token, device={'cuda' if torch.cuda.is_available() else 'cpu'}"
+        f"template, 1 output token, device={'cuda' if torch.cuda.is_available() else 'cpu'}, "
+        f"Serve: {args.serve_mode}"
     )
     base, counters = _in_process(spec, texts, args.repeats)
     gc.collect()  # the in-process engine's memory, before the service's engine loads
@@ -217,16 +330,17 @@ def main() -> None:
     print(
         "| path | judgments/s | ms per batch | vs in process | engine calls | packed prefills "
         "| tokens shared | tokens computed | ms in the engine actor | engine ms: prompts "
-        "| engine ms: model |"
+        "| engine ms: model | ms to the engine: first / last request |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, wall, c in rows:
         per = {k: c[k] / calls for k in (*COUNTERS, *BUSY)}
         print(
             f"| {name} | {n / wall:.1f} | {wall * 1e3:.0f} | {base / wall:.2f}x "
             f"| {per['batches']:.1f} | {per['chunks']:.1f} | {per['prefix_shared_tokens']:.0f} "
             f"| {per['forward_tokens']:.0f} | {c.get('actor_ms', '-')} "
-            f"| {per['busy_prompts_s']:.0f} | {per['busy_compute_s']:.0f} |",
+            f"| {per['busy_prompts_s']:.0f} | {per['busy_compute_s']:.0f} "
+            f"| {c.get('first_arrival_ms', '-')} / {c.get('last_arrival_ms', '-')} |",
             flush=True,
         )
 
