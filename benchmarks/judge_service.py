@@ -8,7 +8,8 @@ ratio of each to the first:
 * ``in the engine actor``: the same call made inside the service's engine actor (its process,
   without the batcher, the Ray call or HTTP);
 * ``/generate_batch``: one ``POST /genrm/generate_batch`` of the 64 (what the rewards send);
-* ``/generate x64``: 64 concurrent ``POST /genrm/generate`` (what a naive client sends).
+* ``/generate x64``: 64 concurrent ``POST /genrm/generate`` (what a naive client sends), from
+  aiohttp and again from httpx (whose own cost per request spaces them out).
 
 Both service paths go through the real stack: HTTP, Serve's proxy, the ingress, the router and
 the engine actor's micro-batcher, with the engine in its own process. The prompts are chat
@@ -47,6 +48,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
+import aiohttp
 import httpx
 import ray
 import torch
@@ -158,52 +160,71 @@ def _deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
 
 #: Ray Serve's own high-throughput mode (its docs, Ray >= 2.55): HAProxy in place of the Python
 #: HTTP proxy, and the throughput-optimized replica (user code on the replica's own event loop).
-#: Read by Ray's processes when they start, so set before ``ray.init``.
+#: Read where Ray Serve is imported, so set before this process imports it.
 THROUGHPUT_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
 
 def _record_arrivals(actor: Any) -> None:
-    """In the engine actor: note when each call's requests reach its queue (wall clock, the
-    same clock as this process on one machine)."""
+    """In the engine actor: note when each call's requests reach its queue, and when each engine
+    batch ran (wall clock, the same clock as this process on one machine)."""
     submit = actor._submit
-    actor.arrivals = []
+    generate = actor.engine.generate
+    actor.arrivals, actor.batches = [], []
 
     def recorded(requests: list[EngineRequest]) -> Any:
         actor.arrivals.append((time.time(), len(requests)))
         return submit(requests)
 
+    async def timed(requests: list[EngineRequest]) -> Any:
+        start = time.time()
+        try:
+            return await generate(requests)
+        finally:
+            actor.batches.append((start, time.time(), len(requests)))
+
     actor._submit = recorded
+    actor.engine.generate = timed
 
 
-def _take_arrivals(actor: Any) -> list[tuple[float, int]]:
-    out, actor.arrivals = actor.arrivals, []
-    return list(out)
+def _take_arrivals(actor: Any) -> tuple[list[tuple[float, int]], list[tuple[float, float, int]]]:
+    out = (list(actor.arrivals), list(actor.batches))
+    actor.arrivals, actor.batches = [], []
+    return out
+
+
+def _set_batch_wait(actor: Any, wait_s: float, wait_max_s: float) -> None:
+    actor.batch_wait_s, actor.batch_wait_max_s = wait_s, wait_max_s
 
 
 async def _timed_calls(
     fn: Callable[[], Awaitable[Any]], worker: Any, repeats: int
-) -> tuple[float, dict[str, int]]:
-    """Median wall of ``repeats`` calls after a warm-up, and when the requests of a call reached
-    the engine actor: the median over calls of the first and the last arrival (ms after the
-    call began)."""
+) -> tuple[float, dict[str, Any]]:
+    """Median wall of ``repeats`` calls after a warm-up; when the requests of a call reached the
+    engine actor (the median over calls of the first and the last arrival, ms after the call
+    began); and the engine batches of the last call (ms after it began: start-end, rows)."""
     await fn()
     await worker.__ray_call__.remote(_take_arrivals)
     walls, first, last = [], [], []
+    timeline = ""
     for _ in range(repeats):
         t0 = time.time()
         await fn()
         walls.append(time.time() - t0)
-        arrivals = await worker.__ray_call__.remote(_take_arrivals)
+        arrivals, batches = await worker.__ray_call__.remote(_take_arrivals)
         first.append(1e3 * (arrivals[0][0] - t0))
         last.append(1e3 * (arrivals[-1][0] - t0))
-    spread = {"first_arrival_ms": int(statistics.median(first))}
-    spread["last_arrival_ms"] = int(statistics.median(last))
-    return statistics.median(walls), spread
+        timeline = ", ".join(
+            f"{1e3 * (a - t0):.0f}-{1e3 * (b - t0):.0f}: {n}" for a, b, n in batches
+        )
+    out: dict[str, Any] = {"first_arrival_ms": int(statistics.median(first))}
+    out["last_arrival_ms"] = int(statistics.median(last))
+    out["timeline"] = timeline
+    return statistics.median(walls), out
 
 
 def _service(
-    spec: InstanceSpec, texts: list[str], repeats: int
-) -> list[tuple[str, float, dict[str, int]]]:
+    spec: InstanceSpec, texts: list[str], repeats: int, waits: list[tuple[float, float]]
+) -> list[tuple[str, float, dict[str, Any]]]:
     ray.init(num_gpus=1 if torch.cuda.is_available() else 0, include_dashboard=False)
     sargs = ServeArgs(port=free_port(), api_key=None, engine_num_cpus=1.0)
     deploy(build_app({"judge": spec}, args=sargs), sargs)
@@ -214,22 +235,34 @@ def _service(
     worker = ray.get_actor(slot["actor_name"], namespace=slot["namespace"])
     ray.get(worker.__ray_call__.remote(_record_arrivals))
     rows = [_in_actor(worker, spec, texts, repeats)]
-    rows += asyncio.run(_http_paths(sargs.url, bodies, worker, repeats))
+    rows += asyncio.run(_http_paths(sargs.url, bodies, worker, repeats, waits))
     serve.shutdown()
     ray.shutdown()
     return rows
 
 
 async def _http_paths(
-    url: str, bodies: list[dict[str, Any]], worker: Any, repeats: int
-) -> list[tuple[str, float, dict[str, int]]]:
-    """Both HTTP paths, each through one client kept open across its calls (as a reward
-    function keeps its client): the warm-up call opens the connections."""
+    url: str,
+    bodies: list[dict[str, Any]],
+    worker: Any,
+    repeats: int,
+    waits: list[tuple[float, float]],
+) -> list[tuple[str, float, dict[str, Any]]]:
+    """The HTTP paths, each through one client kept open across its calls (as a reward
+    function keeps its client): the warm-up call opens the connections.
+
+    The 64 concurrent ``/generate`` go out twice: from aiohttp, which sends them in ~0.3 ms of
+    CPU each, and from httpx, whose pool scans every connection per request (~8 ms of CPU each
+    at 64 connections on the 2-core machine): there the client, not the service, spaces the
+    requests out."""
     actor_s: list[float] = []  # per call: the longest time a request spent in the engine actor
     n = len(bodies)
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     rows = []
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=n)) as session,
+    ):
 
         async def batch() -> None:
             r = await client.post("/generate_batch", json={"requests": bodies})
@@ -238,13 +271,34 @@ async def _http_paths(
             assert all("response" in x for x in results), r.text[:500]
             actor_s.append(max(x["meta"]["engine_latency_s"] for x in results))
 
+        async def one(body: dict[str, Any]) -> dict[str, Any]:
+            async with session.post(url + "/generate", json=body) as r:
+                r.raise_for_status()
+                out: dict[str, Any] = await r.json()
+                return out
+
         async def concurrent() -> None:
+            outs = await asyncio.gather(*(one(b) for b in bodies))
+            actor_s.append(max(o["meta"]["engine_latency_s"] for o in outs))
+
+        async def concurrent_httpx() -> None:
             rs = await asyncio.gather(*(client.post("/generate", json=b) for b in bodies))
             for r in rs:
                 r.raise_for_status()
             actor_s.append(max(r.json()["meta"]["engine_latency_s"] for r in rs))
 
-        for name, fn in (("/generate_batch", batch), (f"/generate x{n}", concurrent)):
+        paths: list[tuple[str, Any, tuple[float, float] | None]] = [
+            ("/generate_batch", batch, None),
+            (f"/generate x{n}", concurrent, None),
+            (f"/generate x{n}, httpx client", concurrent_httpx, None),
+        ]
+        paths += [
+            (f"/generate x{n}, batch wait {w * 1e3:g} ms, at most {m * 1e3:g}", concurrent, (w, m))
+            for w, m in waits
+        ]
+        default = await worker.__ray_call__.remote(lambda a: (a.batch_wait_s, a.batch_wait_max_s))
+        for name, fn, wait in paths:
+            await worker.__ray_call__.remote(_set_batch_wait, *(wait or default))
             before = await worker.stats.remote()
             wall, counters = await _timed_calls(fn, worker, repeats)
             counters |= _deltas(before, await worker.stats.remote())
@@ -299,6 +353,12 @@ def main() -> None:
         help="where the random-weight model of --shape is written, or read if already there",
     )
     ap.add_argument(
+        "--batch-waits",
+        default="",
+        help="more rows of the concurrent /generate with other batcher waits: "
+        "'WAIT_MS:MAX_MS,...' (the engine actor's batch_wait_s / batch_wait_max_s)",
+    )
+    ap.add_argument(
         "--serve-mode",
         default="proxy",
         choices=("proxy", "throughput"),
@@ -306,14 +366,21 @@ def main() -> None:
         "(HAProxy, throughput-optimized replicas)",
     )
     args = ap.parse_args()
-    if args.serve_mode == "throughput":
-        os.environ.update(THROUGHPUT_ENV)
+    if args.serve_mode == "throughput" and any(
+        os.environ.get(k) != v for k, v in THROUGHPUT_ENV.items()
+    ):
+        # Read where Ray and Serve are imported, this process included: start again with them.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **THROUGHPUT_ENV})
 
     from transformers import AutoTokenizer
 
     folder = _model_folder(args)
     texts = _texts(args, AutoTokenizer.from_pretrained(folder))
     spec = _spec(folder)
+    waits = [
+        (float(w) / 1e3, float(m) / 1e3)
+        for w, m in (p.split(":") for p in args.batch_waits.split(",") if p)
+    ]
     n = len(texts)
     calls = args.repeats + 1
     print(
@@ -326,7 +393,10 @@ def main() -> None:
     gc.collect()  # the in-process engine's memory, before the service's engine loads
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    rows = [("in process: HFEngine.generate", base, counters), *_service(spec, texts, args.repeats)]
+    rows = [
+        ("in process: HFEngine.generate", base, counters),
+        *_service(spec, texts, args.repeats, waits),
+    ]
     print(
         "| path | judgments/s | ms per batch | vs in process | engine calls | packed prefills "
         "| tokens shared | tokens computed | ms in the engine actor | engine ms: prompts "
@@ -343,6 +413,10 @@ def main() -> None:
             f"| {c.get('first_arrival_ms', '-')} / {c.get('last_arrival_ms', '-')} |",
             flush=True,
         )
+    print("\nengine batches of each path's last call (ms after the call began: start-end, rows):")
+    for name, _wall, c in rows:
+        if c.get("timeline"):
+            print(f"- {name}: {c['timeline']}")
 
 
 if __name__ == "__main__":

@@ -174,6 +174,18 @@ def test_instances_win_over_legacy_with_warning(caplog: pytest.LogCaptureFixture
             "engine='vllm' is not one of",
             id="unknown-engine",
         ),
+        pytest.param(
+            {
+                "q": {
+                    "model_path": "/q",
+                    "num_gpus": 1,
+                    "engine_config": {"batch_wait_ms": 20, "batch_wait_max_ms": 5},
+                }
+            },
+            {},
+            "batch_wait_max_ms=5.0 is below batch_wait_ms=20.0",
+            id="batch-wait-cap-below-wait",
+        ),
         pytest.param({}, {}, "at least one instance", id="empty-instances"),
         pytest.param(
             {"q": {"model_path": "/q", "num_gpus": 1}},

@@ -262,3 +262,35 @@ async def test_a_group_sent_together_is_never_split_across_engine_batches() -> N
     stats = await worker.stats()
     assert stats["queue_depth"] == 0 and stats["succeeded"] == sum(sizes.values()) + 3
     await worker.shutdown()
+
+
+async def test_a_burst_of_single_requests_waits_for_its_last_one_up_to_the_limit() -> None:
+    """Concurrent single requests reach the actor one by one (each through HTTP and the ingress):
+    each arrival within ``batch_wait_s`` of the last keeps the batch open, so a burst is one
+    batch, not a first batch of the few that came first with the rest queued behind it; a
+    steady trickle is still cut at ``batch_wait_max_s`` from the batch's first request."""
+    spec = _spec({}, max_batch_size=64, batch_wait_ms=50, batch_wait_max_ms=2000)
+    engine = _RecordingEngine(spec)
+    worker = EngineWorker(spec, 0, engine=engine)
+    await worker.start()
+
+    def one(name: str) -> EngineRequest:
+        return EngineRequest(sampling=SamplingParams(), request_id=name, messages=[])
+
+    async def trickle(prefix: str, n: int, gap_s: float) -> None:
+        calls = []
+        for i in range(n):
+            calls.append(asyncio.ensure_future(worker.generate(one(f"{prefix}{i}"))))
+            await asyncio.sleep(gap_s)
+        await asyncio.gather(*calls)
+
+    await trickle("burst", 30, 0.005)  # ~150 ms of arrivals: longer than one wait, in one batch
+    assert [len(b) for b in engine.batches] == [30], engine.batches
+
+    engine.batches.clear()
+    worker.batch_wait_s, worker.batch_wait_max_s = 0.1, 0.15
+    await trickle("steady", 20, 0.02)  # ~400 ms of arrivals, each 20 ms after the last
+    first = engine.batches[0]
+    assert 1 < len(first) < 20, engine.batches  # kept open past its first, cut at the limit
+    assert sum(len(b) for b in engine.batches) == 20
+    await worker.shutdown()

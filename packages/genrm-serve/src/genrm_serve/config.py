@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from genrm_client.types import DEFAULT_ROUTE_KEY, SamplingParams
 
@@ -69,6 +69,15 @@ class EngineConfig(BaseModel):
     sleep_buffers: Literal["first_sleep", "start"] = "first_sleep"
     #: Largest number of requests the engine batches into one forward pass.
     max_batch_size: int = Field(default=32, gt=0)
+    #: How long the engine's micro-batcher waits for the next request once it holds one (ms):
+    #: each arrival within it restarts the wait, so a burst of single requests (a client's
+    #: concurrent /generate) goes into one batch rather than a first batch of the few that came
+    #: first with the rest queued behind it.
+    batch_wait_ms: float = Field(default=2.0, ge=0.0)
+    #: The longest the micro-batcher waits from a batch's first request, however requests keep
+    #: coming (ms); at least ``batch_wait_ms``. Requests sent together (``generate_batch``, a
+    #: reward's group) never wait: they arrive as one.
+    batch_wait_max_ms: float = Field(default=2.0, ge=0.0)
     #: Requests waiting per instance beyond which the service answers 429.
     max_queued_requests: int = Field(default=256, gt=0)
     #: Weights' dtype; "auto" = bfloat16 on GPU and on a CPU with native bf16, else float32.
@@ -84,6 +93,16 @@ class EngineConfig(BaseModel):
     #: Python interpreter of the engine actors (Ray ``runtime_env.py_executable``): an SGLang
     #: environment beside the driver's, since SGLang pins its own torch. None = the driver's.
     python_executable: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _waits_ordered(self) -> EngineConfig:
+        if self.batch_wait_max_ms < self.batch_wait_ms:
+            raise ValueError(
+                f"batch_wait_max_ms={self.batch_wait_max_ms} is below batch_wait_ms="
+                f"{self.batch_wait_ms}: the longest wait from a batch's first request must be at "
+                "least the wait for the next one"
+            )
+        return self
 
 
 class InstanceSpec(BaseModel):

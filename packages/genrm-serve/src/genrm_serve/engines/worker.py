@@ -35,7 +35,6 @@ from genrm_serve.engines.base import (
 )
 
 __all__ = [
-    "DEFAULT_BATCH_WAIT_S",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "DEFAULT_START_TIMEOUT_S",
     "DEFAULT_WORKER_NUM_CPUS",
@@ -46,8 +45,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: How long the batcher waits for more requests once it has one (seconds).
-DEFAULT_BATCH_WAIT_S = 0.002
 #: Longest a request may wait in this actor, queue included.
 DEFAULT_REQUEST_TIMEOUT_S = limits.REQUEST_TIMEOUT_S
 #: Longest loading a model may take: the supervisor's deadline too (one constant, limits.py).
@@ -88,7 +85,8 @@ class EngineWorker:
         engine_index: int = 0,
         *,
         engine: Engine | None = None,
-        batch_wait_s: float = DEFAULT_BATCH_WAIT_S,
+        batch_wait_s: float | None = None,
+        batch_wait_max_s: float | None = None,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
     ) -> None:
@@ -98,7 +96,13 @@ class EngineWorker:
             engine.engine_id if engine is not None else engine_id_for(spec, engine_index)
         )
         self.engine = engine
-        self.batch_wait_s = batch_wait_s
+        # The batcher's waits (seconds): the instance's engine_config unless given here.
+        cfg = spec.engine_config
+        self.batch_wait_s = cfg.batch_wait_ms / 1e3 if batch_wait_s is None else batch_wait_s
+        self.batch_wait_max_s = max(
+            self.batch_wait_s,
+            cfg.batch_wait_max_ms / 1e3 if batch_wait_max_s is None else batch_wait_max_s,
+        )
         self.request_timeout_s = request_timeout_s
         self.start_timeout_s = start_timeout_s
         self._queue: asyncio.Queue[_Unit] | None = None
@@ -378,7 +382,8 @@ class EngineWorker:
             self._queue.task_done()
 
     async def _next_batch(self) -> list[_Unit]:
-        """Whole units, up to ``max_batch_size`` requests, waiting ``batch_wait_s`` for more."""
+        """Whole units, up to ``max_batch_size`` requests, waiting ``batch_wait_s`` for each next
+        one, at most ``batch_wait_max_s`` from the first."""
         assert self._queue is not None
         if self._carry is not None:
             first, self._carry = self._carry, None
@@ -388,7 +393,8 @@ class EngineWorker:
         size = len(first)
         limit = self.spec.engine_config.max_batch_size
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.batch_wait_s
+        cap = loop.time() + self.batch_wait_max_s
+        deadline = min(cap, loop.time() + self.batch_wait_s)
         while size < limit:
             try:
                 unit = self._queue.get_nowait()
@@ -405,6 +411,7 @@ class EngineWorker:
                 break
             batch.append(unit)
             size += len(unit)
+            deadline = min(cap, loop.time() + self.batch_wait_s)
         self._queued -= size
         return batch
 
