@@ -235,6 +235,7 @@ class _Batches:
         self.calls = 0
         self.sizes: list[int] = []  # the requests of each call
         self.generate_many = self
+        self.generate = _One(self)
 
     def remote(self, requests: list[EngineRequest], **kwargs: object) -> Awaitable[list[object]]:
         assert kwargs == {"return_exceptions": True}  # the router's batches never raise whole
@@ -243,6 +244,25 @@ class _Batches:
 
         async def run() -> list[object]:
             return [self.answer(r) for r in requests]
+
+        return run()
+
+
+class _One:
+    """The same engine actor's ``generate``: one request (a retry of one sent alone)."""
+
+    def __init__(self, batches: _Batches) -> None:
+        self.batches = batches
+
+    def remote(self, request: EngineRequest) -> Awaitable[object]:
+        self.batches.calls += 1
+        self.batches.sizes.append(1)
+
+        async def run() -> object:
+            out = self.batches.answer(request)
+            if isinstance(out, BaseException):
+                raise out
+            return out
 
         return run()
 
@@ -364,3 +384,39 @@ def test_serve_start_goes_past_proxies_serve_replaced(monkeypatch: pytest.Monkey
     with pytest.raises(ray.exceptions.ActorDiedError):
         app._start_serve(args)
     assert len(calls) == limits.PROXY_START_ATTEMPTS
+
+
+async def test_concurrent_single_requests_go_to_the_engine_as_one_call() -> None:
+    """A burst of single requests (a client's concurrent /generate) costs the engine actor one
+    call, and each request keeps its own answer or its own error; a lone request goes alone."""
+    r = _router(engines=1, limit=64, queue=64)
+    engine = _Batches(_answer)
+    r.slots[0].handle = engine
+    texts = ["a", "b", "too long", "c", "verdict"]
+    results = await asyncio.gather(
+        *(r.generate(req) for req in _requests(*texts)), return_exceptions=True
+    )
+    assert engine.sizes == [5]
+    a, b, long, c, verdict = results
+    assert [x[0].text for x in (a, b, c) if isinstance(x, tuple)] == ["A", "B", "C"]
+    assert isinstance(long, ServiceError) and long.status == 413
+    assert isinstance(verdict, ServiceError) and verdict.status == 422
+    out, slot = await r.generate(_requests("d")[0])
+    assert out.text == "D" and slot is r.slots[0] and engine.sizes == [5, 1]
+    r.max_batch = 2  # never more per call than one engine batch holds
+    await asyncio.gather(*(r.generate(req) for req in _requests("e", "f", "g", "h", "i")))
+    assert engine.sizes == [5, 1, 2, 2, 1]
+    assert r.in_flight == 0
+
+
+async def test_concurrent_single_requests_of_a_failed_engine_are_each_retried_elsewhere() -> None:
+    r = _router(engines=2, limit=64, queue=64)
+    broken = _Batches(lambda req: EngineError("CUDA error: an illegal memory access"))
+    working = _Batches(_answer)
+    r.slots[0].handle, r.slots[1].handle = broken, working
+    results = await asyncio.gather(*(r.generate(req) for req in _requests("a", "b", "c", "d")))
+    assert [out.text for out, _ in results] == ["A", "B", "C", "D"]
+    assert all(slot is r.slots[1] for _, slot in results)
+    assert broken.sizes == [2]  # the two of the four the least-loaded choice gave it
+    assert sorted(working.sizes) == [1, 1, 2]  # its own two together; the failed ones one by one
+    assert r.in_flight == 0

@@ -125,6 +125,10 @@ class _EngineFailure(Exception):
         self.asleep = isinstance(err, EngineAsleepError)
 
 
+#: One request's answer from a batch: its output and the engine that gave it, or its own error.
+_Entry = tuple[EngineOutput, EngineSlot] | ServiceError
+
+
 class InstanceRouter:
     """Routes one instance's requests onto its engine slots."""
 
@@ -151,6 +155,9 @@ class InstanceRouter:
         self._avg_latency_s = 0.5
         self._idle = asyncio.Event()
         self._idle.set()
+        #: per engine, the single requests of this turn of the event loop, sent as one call
+        self._singles: dict[str, list[tuple[EngineRequest, asyncio.Future[EngineOutput]]]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
 
     # ---- state, for health and metrics ---------------------------------------------------
 
@@ -360,12 +367,66 @@ class InstanceRouter:
     async def generate(self, request: EngineRequest) -> tuple[EngineOutput, EngineSlot]:
         """One request: least-loaded engine, one retry elsewhere on an engine failure."""
         self.admit(1)
-        out, slot = await self._with_retry(1, "generate", request)
-        return out, slot
+        slot = await self.acquire(1)
+        try:
+            return await self._one_of_many(slot, request), slot
+        except _EngineFailure as first:
+            failure = first
+        finally:
+            self.release(slot, 1)
+        return await self._elsewhere(failure, 1, "generate", request)
 
-    async def generate_many(
-        self, requests: list[EngineRequest]
-    ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
+    async def _one_of_many(self, slot: EngineSlot, request: EngineRequest) -> EngineOutput:
+        """``request``'s answer from ``slot``, in one call with the other single requests given
+        to that engine in this turn of the event loop (a client's concurrent /generate).
+
+        A Ray actor call costs about a millisecond of CPU here and again in the engine actor,
+        where taking calls in competes with the running batch for the GIL: a burst pays it once,
+        and meets in one engine batch. A lone request goes alone, with no wait added. Each
+        request keeps its own slot, admission and retry, as if it had been sent alone.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[EngineOutput] = loop.create_future()
+        pending = self._singles.setdefault(slot.engine_id, [])
+        pending.append((request, future))
+        if len(pending) == 1:
+            loop.call_soon(self._send_singles, slot)
+        return await future
+
+    def _send_singles(self, slot: EngineSlot) -> None:
+        singles = self._singles.pop(slot.engine_id, [])
+        for i in range(0, len(singles), self.max_batch):  # one engine batch each at most
+            task = asyncio.ensure_future(
+                self._answer_singles(slot, singles[i : i + self.max_batch])
+            )
+            self._sending.add(task)  # held until done: the loop keeps only a weak reference
+            task.add_done_callback(self._sending.discard)
+
+    async def _answer_singles(
+        self, slot: EngineSlot, singles: list[tuple[EngineRequest, asyncio.Future[EngineOutput]]]
+    ) -> None:
+        requests = [request for request, _ in singles]
+        try:
+            outs = await self._call(slot, "generate_many", requests, return_exceptions=True)
+        except asyncio.CancelledError:  # the ingress is shutting down
+            for _, future in singles:
+                future.cancel()
+            raise
+        except Exception as err:  # the call failed: every request of it fails the same way
+            outs = [err] * len(singles)
+        for (_, future), out in zip(singles, outs, strict=True):
+            if future.done():  # a caller that went away
+                continue
+            if not isinstance(out, BaseException):
+                future.set_result(out)
+            elif isinstance(out, RequestRefusedError):
+                future.set_exception(self._item_error(out))  # its own status; not retried
+            elif isinstance(out, (ServiceError, _EngineFailure)):
+                future.set_exception(out)
+            else:  # failed beside answered neighbours: retried elsewhere, as if alone
+                future.set_exception(_EngineFailure(slot, out))
+
+    async def generate_many(self, requests: list[EngineRequest]) -> list[_Entry]:
         """Many requests, in chunks of ``max_batch_size`` spread over the engines, in order.
 
         A request the engine refuses (an over-long prompt, a value it cannot honour) gets its
