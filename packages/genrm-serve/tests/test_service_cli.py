@@ -3,6 +3,7 @@ serves two instances, ``status`` reports them and ``shutdown`` ends them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -228,3 +229,60 @@ def test_run_serves_two_instances_until_shutdown(tmp_path: Path, unused_port: in
             out, _ = proc.communicate()
     assert proc.returncode == 0, "".join(lines[-20:]) + out[-3000:]
     assert "shut down from elsewhere" in out
+
+
+@pytest.mark.slow
+def test_run_serves_in_ray_serves_high_throughput_mode(unused_port: int) -> None:
+    """The README's mode for many single requests per second: HAProxy in front, the ingress
+    serving HTTP itself. Concurrent /generate (sent to the engine together) and a batch are
+    answered, each request with its own reply, an unknown route_key with its own 404."""
+    env = {
+        **os.environ,
+        "GENRM_API_KEY": "",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    }
+    cmd = [sys.executable, "-m", "genrm_serve.cli", "run", "--genrm-model-path", "scripted:ok"]
+    cmd += ["--genrm-engine", "scripted", "--port", str(unused_port), "--num-cpus", "4"]
+    cmd += ["--engine-num-cpus", "0.1"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("Ctrl-C to stop"):
+                break
+        assert any(line.startswith("ready:") for line in lines), "".join(lines[-30:])
+        url = f"http://127.0.0.1:{unused_port}/genrm"
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                bodies = [{"messages": [{"role": "user", "content": f"x{i}"}]} for i in range(16)]
+                bodies.append({**bodies[0], "route_key": "nope"})
+                return list(
+                    await asyncio.gather(*(client.post("/generate", json=b) for b in bodies))
+                )
+
+        *answered, unknown = asyncio.run(burst())
+        assert all(r.status_code == 200 and r.json()["response"] == "ok" for r in answered)
+        assert unknown.status_code == 404 and "nope" in unknown.json()["error"]["message"]
+        batch = httpx.post(
+            f"{url}/generate_batch",
+            json={"requests": [{"messages": [{"role": "user", "content": "y"}]}] * 3},
+            timeout=30,
+        )
+        assert [x["response"] for x in batch.json()["results"]] == ["ok"] * 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
