@@ -15,6 +15,7 @@ import pytest
 from genrm_serve.capacity import CapacityError, check_fits, standalone_needs, sum_resources
 from genrm_serve.cli import _HealthProgress
 from genrm_serve.config import build_instances
+from genrm_serve.testing import lines_until
 
 
 @pytest.mark.parametrize(
@@ -196,14 +197,7 @@ def test_sigterm_while_waiting_for_health_ends_run_and_its_ray(unused_port: int)
     lines: list[str] = []
     try:
         assert proc.stdout is not None
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if line.startswith("waiting for the engines to load"):
-                break
+        lines = lines_until(proc.stdout, "waiting for the engines to load")
         assert lines and lines[-1].startswith("waiting for the engines"), "".join(lines[-30:])
         time.sleep(2.0)  # inside the health wait
         ray_processes = _children(proc.pid)

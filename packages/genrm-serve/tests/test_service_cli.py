@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ import pytest
 import ray
 
 from genrm_serve.cli import main
+from genrm_serve.testing import lines_until
 
 GOOD = '{"a": {"model_path": "scripted", "num_gpus": 1}}'
 
@@ -144,6 +144,18 @@ def test_the_installed_command_exits_2_and_has_help() -> None:
         assert flag in helped.stdout
 
 
+def _run(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """``genrm-serve run`` in a process of its own, its engines at a tenth of a CPU each."""
+    cmd = [sys.executable, "-m", "genrm_serve.cli", "run", *args]
+    return subprocess.Popen(
+        [*cmd, "--num-cpus", "4", "--engine-num-cpus", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **env},
+    )
+
+
 @pytest.mark.slow
 def test_run_serves_two_instances_until_shutdown(tmp_path: Path, unused_port: int) -> None:
     port = unused_port
@@ -154,38 +166,11 @@ def test_run_serves_two_instances_until_shutdown(tmp_path: Path, unused_port: in
         "  quality: {model_path: 'scripted:q', num_gpus: 1}\n"
         "  safety: {model_path: 'scripted:s', num_gpus: 2}\n"
     )
-    env = {**os.environ, "GENRM_API_KEY": ""}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "genrm_serve.cli",
-            "run",
-            "--config",
-            str(config),
-            "--port",
-            str(port),
-            "--num-cpus",
-            "4",
-            "--engine-num-cpus",
-            "0.1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    proc = _run(["--config", str(config), "--port", str(port)], {"GENRM_API_KEY": ""})
     lines: list[str] = []
     try:
         assert proc.stdout is not None
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if line.startswith("Ctrl-C to stop"):
-                break
+        lines = lines_until(proc.stdout, "Ctrl-C to stop")
         assert any(line.startswith("ready:") for line in lines), "".join(lines[-30:])
         url = f"http://127.0.0.1:{port}/genrm"
         assert any(url in line for line in lines)
@@ -236,29 +221,14 @@ def test_run_serves_in_ray_serves_high_throughput_mode(unused_port: int) -> None
     """The README's mode for many single requests per second: HAProxy in front, the ingress
     serving HTTP itself. Concurrent /generate (sent to the engine together) and a batch are
     answered, each request with its own reply, an unknown route_key with its own 404."""
-    env = {
-        **os.environ,
-        "GENRM_API_KEY": "",
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-    }
-    cmd = [sys.executable, "-m", "genrm_serve.cli", "run", "--genrm-model-path", "scripted:ok"]
-    cmd += ["--genrm-engine", "scripted", "--port", str(unused_port), "--num-cpus", "4"]
-    cmd += ["--engine-num-cpus", "0.1"]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
+    env = {"GENRM_API_KEY": "", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
+    args = ["--genrm-model-path", "scripted:ok", "--genrm-engine", "scripted"]
+    proc = _run([*args, "--port", str(unused_port)], env)
     lines: list[str] = []
     try:
         assert proc.stdout is not None
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if line.startswith("Ctrl-C to stop"):
-                break
+        lines = lines_until(proc.stdout, "Ctrl-C to stop")
         assert any(line.startswith("ready:") for line in lines), "".join(lines[-30:])
         url = f"http://127.0.0.1:{unused_port}/genrm"
 

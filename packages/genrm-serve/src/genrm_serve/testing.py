@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from genrm_serve.ray_env import apply_ray_env_defaults
 
@@ -36,6 +36,7 @@ __all__ = [
     "build_tiny_model",
     "build_tiny_tokenizer",
     "free_port",
+    "lines_until",
     "local_ray_serve",
     "ray_test_env",
     "require_embedded_model",
@@ -47,6 +48,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def lines_until(stream: IO[str], prefix: str, timeout_s: float = 150.0) -> list[str]:
+    """The lines a command prints, read up to the first that starts with ``prefix`` (or the
+    end of its output, or ``timeout_s``): what a test of ``genrm-serve run`` waits for."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith(prefix):
+            break
+    return lines
 
 
 def require_embedded_model() -> None:
