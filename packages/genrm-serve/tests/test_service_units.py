@@ -420,3 +420,43 @@ async def test_concurrent_single_requests_of_a_failed_engine_are_each_retried_el
     assert broken.sizes == [2]  # the two of the four the least-loaded choice gave it
     assert sorted(working.sizes) == [1, 1, 2]  # its own two together; the failed ones one by one
     assert r.in_flight == 0
+
+
+class _Hanging:
+    """An engine actor whose ``generate_many`` runs until cancelled, noting that it was."""
+
+    def __init__(self) -> None:
+        self.cancelled = 0
+        self.generate_many = self
+
+    def remote(self, requests: list[EngineRequest], **kwargs: object) -> Awaitable[list[object]]:
+        async def run() -> list[object]:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+            return []
+
+        return run()
+
+
+async def test_a_shared_call_is_cancelled_only_when_all_its_callers_went_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+
+    cancelled_refs: list[object] = []  # what the router asked Ray to cancel on the engine actor
+    monkeypatch.setattr(ray, "cancel", cancelled_refs.append)
+    r = _router(engines=1, limit=64, queue=64)
+    engine = _Hanging()
+    r.slots[0].handle = engine
+    a, b = (asyncio.ensure_future(r.generate(req)) for req in _requests("a", "b"))
+    await asyncio.sleep(0.05)
+    a.cancel()
+    await asyncio.sleep(0.05)
+    assert engine.cancelled == 0 and not b.done() and not cancelled_refs  # b still waits
+    b.cancel()
+    await asyncio.sleep(0.05)
+    assert engine.cancelled == 1 and len(cancelled_refs) == 1  # the engine's work is called off
+    assert r.in_flight == 0

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -123,6 +124,13 @@ class _EngineFailure(Exception):
         super().__init__(f"engine {slot.engine_id} failed: {error_message(err)}")
         self.slot = slot
         self.asleep = isinstance(err, EngineAsleepError)
+
+
+def _cancel_if_abandoned(task: asyncio.Task[None], futures: list[Any], _done: object) -> None:
+    """Every caller of a shared engine call went away: cancel the call, which cancels the
+    engine's work (``_call``), as a request sent alone would."""
+    if all(future.cancelled() for future in futures):
+        task.cancel()
 
 
 #: One request's answer from a batch: its output and the engine that gave it, or its own error.
@@ -329,11 +337,20 @@ class InstanceRouter:
         return result
 
     async def _with_retry(
-        self, n: int, method: str, payload: Any, **kwargs: Any
+        self,
+        n: int,
+        method: str,
+        payload: Any,
+        *,
+        send: Callable[[EngineSlot], Awaitable[Any]] | None = None,
+        **kwargs: Any,
     ) -> tuple[Any, EngineSlot]:
+        """``method(payload)`` on the least-loaded engine (through ``send`` when given), and once
+        on another engine if that one failed."""
         slot = await self.acquire(n)
         try:
-            return await self._call(slot, method, payload, **kwargs), slot
+            call = send(slot) if send else self._call(slot, method, payload, **kwargs)
+            return await call, slot
         except _EngineFailure as first:
             failure = first
         finally:
@@ -367,14 +384,9 @@ class InstanceRouter:
     async def generate(self, request: EngineRequest) -> tuple[EngineOutput, EngineSlot]:
         """One request: least-loaded engine, one retry elsewhere on an engine failure."""
         self.admit(1)
-        slot = await self.acquire(1)
-        try:
-            return await self._one_of_many(slot, request), slot
-        except _EngineFailure as first:
-            failure = first
-        finally:
-            self.release(slot, 1)
-        return await self._elsewhere(failure, 1, "generate", request)
+        send = functools.partial(self._one_of_many, request=request)
+        out, slot = await self._with_retry(1, "generate", request, send=send)
+        return out, slot
 
     async def _one_of_many(self, slot: EngineSlot, request: EngineRequest) -> EngineOutput:
         """``request``'s answer from ``slot``, in one call with the other single requests given
@@ -396,11 +408,13 @@ class InstanceRouter:
     def _send_singles(self, slot: EngineSlot) -> None:
         singles = self._singles.pop(slot.engine_id, [])
         for i in range(0, len(singles), self.max_batch):  # one engine batch each at most
-            task = asyncio.ensure_future(
-                self._answer_singles(slot, singles[i : i + self.max_batch])
-            )
+            chunk = singles[i : i + self.max_batch]
+            task = asyncio.ensure_future(self._answer_singles(slot, chunk))
             self._sending.add(task)  # held until done: the loop keeps only a weak reference
             task.add_done_callback(self._sending.discard)
+            futures = [future for _, future in chunk]
+            for future in futures:
+                future.add_done_callback(functools.partial(_cancel_if_abandoned, task, futures))
 
     async def _answer_singles(
         self, slot: EngineSlot, singles: list[tuple[EngineRequest, asyncio.Future[EngineOutput]]]
@@ -408,23 +422,24 @@ class InstanceRouter:
         requests = [request for request, _ in singles]
         try:
             outs = await self._call(slot, "generate_many", requests, return_exceptions=True)
-        except asyncio.CancelledError:  # the ingress is shutting down
+        except asyncio.CancelledError:  # every caller went away, or the ingress stops
             for _, future in singles:
                 future.cancel()
             raise
-        except Exception as err:  # the call failed: every request of it fails the same way
-            outs = [err] * len(singles)
+        except Exception as err:  # the whole call (ServiceError, _EngineFailure): each fails so
+            for _, future in singles:
+                if not future.done():
+                    future.set_exception(err)
+            return
         for (_, future), out in zip(singles, outs, strict=True):
             if future.done():  # a caller that went away
                 continue
             if not isinstance(out, BaseException):
                 future.set_result(out)
-            elif isinstance(out, RequestRefusedError):
-                future.set_exception(self._item_error(out))  # its own status; not retried
-            elif isinstance(out, (ServiceError, _EngineFailure)):
-                future.set_exception(out)
-            else:  # failed beside answered neighbours: retried elsewhere, as if alone
+            elif _failed_alone(out):  # beside answered neighbours: retried elsewhere, as alone
                 future.set_exception(_EngineFailure(slot, out))
+            else:  # refused for its own sake: its own status, not retried
+                future.set_exception(self._item_error(out))
 
     async def generate_many(self, requests: list[EngineRequest]) -> list[_Entry]:
         """Many requests, in chunks of ``max_batch_size`` spread over the engines, in order.

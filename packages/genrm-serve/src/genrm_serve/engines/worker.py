@@ -96,7 +96,8 @@ class EngineWorker:
             engine.engine_id if engine is not None else engine_id_for(spec, engine_index)
         )
         self.engine = engine
-        # The batcher's waits (seconds): the instance's engine_config unless given here.
+        # The batcher's waits (seconds): the instance's engine_config unless given here; a wait
+        # given without a cap is its own cap (engine_config refuses a cap below the wait).
         cfg = spec.engine_config
         self.batch_wait_s = cfg.batch_wait_ms / 1e3 if batch_wait_s is None else batch_wait_s
         self.batch_wait_max_s = max(
@@ -393,13 +394,13 @@ class EngineWorker:
         size = len(first)
         limit = self.spec.engine_config.max_batch_size
         loop = asyncio.get_running_loop()
-        cap = loop.time() + self.batch_wait_max_s
-        deadline = min(cap, loop.time() + self.batch_wait_s)
+        latest = loop.time()  # the latest arrival: each one restarts the wait
+        cap = latest + self.batch_wait_max_s
         while size < limit:
             try:
                 unit = self._queue.get_nowait()
             except asyncio.QueueEmpty:
-                remaining = deadline - loop.time()
+                remaining = min(cap, latest + self.batch_wait_s) - loop.time()
                 if remaining <= 0:
                     break
                 try:
@@ -411,7 +412,7 @@ class EngineWorker:
                 break
             batch.append(unit)
             size += len(unit)
-            deadline = min(cap, loop.time() + self.batch_wait_s)
+            latest = loop.time()
         self._queued -= size
         return batch
 
