@@ -34,13 +34,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,24 +113,35 @@ def _spec(folder: str) -> InstanceSpec:
     )
 
 
-def _in_process(spec: InstanceSpec, texts: list[str], repeats: int) -> tuple[float, dict[str, int]]:
+def _in_process(
+    spec: InstanceSpec, texts: list[str], repeats: int, small: list[int]
+) -> list[tuple[str, float, dict[str, int]]]:
+    """The batch of all ``texts``, then (``small``) batches of their first k alone: what a
+    batch of a few requests costs when nothing else runs in the process."""
     engine = HFEngine(spec, "judge/in-process")
     asyncio.run(engine.start())
     sampling = spec.sampling_config
 
-    async def once() -> None:
-        reqs = [
-            EngineRequest(sampling=sampling, messages=[Message(role="user", content=t)])
-            for t in texts
-        ]
-        outs = await engine.generate(reqs)
-        assert len(outs) == len(texts)
+    def batch_of(some: list[str]) -> Callable[[], Awaitable[None]]:
+        async def once() -> None:
+            reqs = [
+                EngineRequest(sampling=sampling, messages=[Message(role="user", content=t)])
+                for t in some
+            ]
+            outs = await engine.generate(reqs)
+            assert len(outs) == len(some)
 
-    before = engine.stats()
-    wall, _ = asyncio.run(_timed_calls(once, repeats))
-    counters = _deltas(before, engine.stats())
+        return once
+
+    rows: list[tuple[str, float, dict[str, int]]] = []
+    for k in [len(texts), *small]:
+        before = engine.stats()
+        wall, _ = asyncio.run(_timed_calls(batch_of(texts[:k]), repeats))
+        counters = _deltas(before, engine.stats()) | {"n": k}
+        name = "in process: HFEngine.generate" + (f", the first {k} alone" if rows else "")
+        rows.append((name, wall, counters))
     asyncio.run(engine.shutdown())
-    return wall, counters
+    return rows
 
 
 #: The engine's counters each row reports, per batch of 64: its generate calls, its packed
@@ -151,27 +165,31 @@ THROUGHPUT_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMI
 
 def _record_arrivals(actor: Any) -> None:
     """In the engine actor: note when each call's requests reach its queue, and when each engine
-    batch ran (wall clock, the same clock as this process on one machine)."""
+    batch ran (wall clock, the same clock as this process on one machine) with the CPU time of
+    the thread that ran it: a batch whose wall time is far over its CPU time and its GPU work
+    waited, for the GPU or for the GIL held by the actor's intake."""
     submit = actor._submit
-    generate = actor.engine.generate
+    generate = actor.engine._generate
     actor.arrivals, actor.batches = [], []
 
     def recorded(requests: list[EngineRequest]) -> Any:
         actor.arrivals.append((time.time(), len(requests)))
         return submit(requests)
 
-    async def timed(requests: list[EngineRequest]) -> Any:
-        start = time.time()
+    def timed(requests: list[EngineRequest]) -> Any:
+        start, cpu = time.time(), time.thread_time()
         try:
-            return await generate(requests)
+            return generate(requests)
         finally:
-            actor.batches.append((start, time.time(), len(requests)))
+            actor.batches.append((start, time.time(), len(requests), time.thread_time() - cpu))
 
     actor._submit = recorded
-    actor.engine.generate = timed
+    actor.engine._generate = timed
 
 
-def _take_arrivals(actor: Any) -> tuple[list[tuple[float, int]], list[tuple[float, float, int]]]:
+def _take_arrivals(
+    actor: Any,
+) -> tuple[list[tuple[float, int]], list[tuple[float, float, int, float]]]:
     out = (list(actor.arrivals), list(actor.batches))
     actor.arrivals, actor.batches = [], []
     return out
@@ -179,6 +197,31 @@ def _take_arrivals(actor: Any) -> tuple[list[tuple[float, int]], list[tuple[floa
 
 def _set_batch_wait(actor: Any, wait_s: float, wait_max_s: float) -> None:
     actor.batch_wait_s, actor.batch_wait_max_s = wait_s, wait_max_s
+
+
+@contextlib.contextmanager
+def _gil_profile(worker: Any, path: str | None) -> Iterator[None]:
+    """py-spy on the engine actor, sampling only the thread that holds the GIL (raw stacks per
+    thread, to ``path``): which of the compute thread and the event loop's intake has it."""
+    if path is None:
+        yield
+        return
+    pid = ray.get(worker.__ray_call__.remote(lambda _actor: os.getpid()))
+    command = ["py-spy", "record", "--gil", "--threads", "--nonblocking", "-r", "1000", "-f", "raw"]
+    spy = subprocess.Popen([*command, "-p", str(pid), "-o", path], stdout=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=60)
+
+
+def _set_switch_interval(_actor: Any, seconds: float) -> float:
+    """The engine actor's GIL switch interval (Python's default is 5 ms): how long its compute
+    thread may wait for the GIL, after a kernel launch, while the event loop runs Python."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    return before
 
 
 async def _timed_calls(
@@ -203,7 +246,8 @@ async def _timed_calls(
         first.append(1e3 * (arrivals[0][0] - t0))
         last.append(1e3 * (arrivals[-1][0] - t0))
         timeline = ", ".join(
-            f"{1e3 * (a - t0):.0f}-{1e3 * (b - t0):.0f}: {n}" for a, b, n in batches
+            f"{1e3 * (a - t0):.0f}-{1e3 * (b - t0):.0f}: {n} (cpu {1e3 * cpu:.0f})"
+            for a, b, n, cpu in batches
         )
     if worker is None:
         return statistics.median(walls), {}
@@ -214,7 +258,12 @@ async def _timed_calls(
 
 
 def _service(
-    spec: InstanceSpec, texts: list[str], repeats: int, waits: list[tuple[float, float]]
+    spec: InstanceSpec,
+    texts: list[str],
+    repeats: int,
+    waits: list[tuple[float, float]],
+    switch_intervals: list[float],
+    profile: str | None,
 ) -> list[tuple[str, float, dict[str, Any]]]:
     ray.init(num_gpus=1 if torch.cuda.is_available() else 0, include_dashboard=False)
     sargs = ServeArgs(port=free_port(), api_key=None, engine_num_cpus=1.0)
@@ -226,7 +275,9 @@ def _service(
     worker = ray.get_actor(slot["actor_name"], namespace=slot["namespace"])
     ray.get(worker.__ray_call__.remote(_record_arrivals))
     rows = [_in_actor(worker, spec, texts, repeats)]
-    rows += asyncio.run(_http_paths(sargs.url, bodies, worker, repeats, waits))
+    rows += asyncio.run(
+        _http_paths(sargs.url, bodies, worker, repeats, waits, switch_intervals, profile)
+    )
     serve.shutdown()
     ray.shutdown()
     return rows
@@ -238,6 +289,8 @@ async def _http_paths(
     worker: Any,
     repeats: int,
     waits: list[tuple[float, float]],
+    switch_intervals: list[float],
+    profile: str | None,
 ) -> list[tuple[str, float, dict[str, Any]]]:
     """The HTTP paths, each through one client kept open across its calls (as a reward
     function keeps its client): the warm-up call opens the connections.
@@ -278,24 +331,41 @@ async def _http_paths(
                 r.raise_for_status()
             actor_s.append(max(r.json()["meta"]["engine_latency_s"] for r in rs))
 
-        paths: list[tuple[str, Any, tuple[float, float] | None]] = [
-            ("/generate_batch", batch, None),
-            (f"/generate x{n}", concurrent, None),
-            (f"/generate x{n}, httpx client", concurrent_httpx, None),
+        paths: list[tuple[str, Any, dict[str, Any]]] = [
+            ("/generate_batch", batch, {}),
+            (f"/generate x{n}", concurrent, {"profile": profile}),
+            (f"/generate x{n}, httpx client", concurrent_httpx, {}),
         ]
         paths += [
-            (f"/generate x{n}, batch wait {w * 1e3:g} ms, at most {m * 1e3:g}", concurrent, (w, m))
+            (
+                f"/generate x{n}, batch wait {w * 1e3:g} ms, at most {m * 1e3:g}",
+                concurrent,
+                {"wait": (w, m)},
+            )
             for w, m in waits
         ]
+        paths += [
+            (
+                f"/generate x{n}, engine's GIL switch interval {s * 1e3:g} ms",
+                concurrent,
+                {"switch": s},
+            )
+            for s in switch_intervals
+        ]
         default = await worker.__ray_call__.remote(lambda a: (a.batch_wait_s, a.batch_wait_max_s))
-        for name, fn, wait in paths:
-            await worker.__ray_call__.remote(_set_batch_wait, *(wait or default))
+        for name, fn, settings in paths:
+            await worker.__ray_call__.remote(_set_batch_wait, *settings.get("wait", default))
+            switch = await worker.__ray_call__.remote(
+                _set_switch_interval, settings.get("switch", 0.005)
+            )
             before = await worker.stats.remote()
-            wall, counters = await _timed_calls(fn, repeats, worker)
+            with _gil_profile(worker, settings.get("profile")):
+                wall, counters = await _timed_calls(fn, repeats, worker)
             counters |= _deltas(before, await worker.stats.remote())
             counters["actor_ms"] = int(1e3 * statistics.median(actor_s[-repeats:]))
             actor_s.clear()
             rows.append((name, wall, counters))
+            await worker.__ray_call__.remote(_set_switch_interval, switch)
     return rows
 
 
@@ -350,6 +420,23 @@ def main() -> None:
         "'WAIT_MS:MAX_MS,...' (the engine actor's batch_wait_s / batch_wait_max_s)",
     )
     ap.add_argument(
+        "--small-batches",
+        default="",
+        help="more in-process rows: batches of the first k requests alone, 'k,...'",
+    )
+    ap.add_argument(
+        "--switch-intervals",
+        default="",
+        help="more rows of the concurrent /generate with the engine actor's GIL switch "
+        "interval set to each of these, 'MS,...' (Python's default is 5 ms)",
+    )
+    ap.add_argument(
+        "--profile-engine",
+        default=None,
+        help="py-spy the engine actor's GIL holder during the concurrent /generate calls, "
+        "raw stacks per thread to this file",
+    )
+    ap.add_argument(
         "--serve-mode",
         default="proxy",
         choices=("proxy", "throughput"),
@@ -372,6 +459,8 @@ def main() -> None:
         (float(w) / 1e3, float(m) / 1e3)
         for w, m in (p.split(":") for p in args.batch_waits.split(",") if p)
     ]
+    small = [int(k) for k in args.small_batches.split(",") if k]
+    switch_intervals = [float(ms) / 1e3 for ms in args.switch_intervals.split(",") if ms]
     n = len(texts)
     calls = args.repeats + 1
     print(
@@ -380,13 +469,14 @@ def main() -> None:
         f"template, 1 output token, device={'cuda' if torch.cuda.is_available() else 'cpu'}, "
         f"Serve: {args.serve_mode}"
     )
-    base, counters = _in_process(spec, texts, args.repeats)
+    in_process = _in_process(spec, texts, args.repeats, small)
+    base = in_process[0][1]
     gc.collect()  # the in-process engine's memory, before the service's engine loads
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     rows = [
-        ("in process: HFEngine.generate", base, counters),
-        *_service(spec, texts, args.repeats, waits),
+        *in_process,
+        *_service(spec, texts, args.repeats, waits, switch_intervals, args.profile_engine),
     ]
     print(
         "| path | judgments/s | ms per batch | vs in process | engine calls | packed prefills "
@@ -396,8 +486,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, wall, c in rows:
         per = {k: c[k] / calls for k in (*COUNTERS, *BUSY)}
+        k = c.get("n", n)  # judgments per call
         print(
-            f"| {name} | {n / wall:.1f} | {wall * 1e3:.0f} | {base / wall:.2f}x "
+            f"| {name} | {k / wall:.1f} | {wall * 1e3:.0f} | {k * base / (n * wall):.2f}x "
             f"| {per['batches']:.1f} | {per['chunks']:.1f} | {per['prefix_shared_tokens']:.0f} "
             f"| {per['forward_tokens']:.0f} | {c.get('actor_ms', '-')} "
             f"| {per['busy_prompts_s']:.0f} | {per['busy_compute_s']:.0f} "
