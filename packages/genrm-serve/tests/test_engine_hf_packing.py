@@ -208,6 +208,44 @@ async def test_multi_group_batch_reports_shared_prefix_tokens(engine: HFEngine) 
     assert engine.counters["prefix_shared_tokens"] - before == 4 * 3 * 64
 
 
+async def test_a_compiled_layer_is_one_graph_and_gives_the_same_outputs(tmp_path: Path) -> None:
+    """Under ``torch.compile`` the attention is one opaque op, so each decoder layer compiles to
+    one graph with no break: a break around the attention split every layer into four compiled
+    regions, whose host cost made a small batch on an H200 take three times its GPU time.
+    Greedy outputs (one-pass verdicts and decoded rows) stay those of plain transformers.
+    The compiler's graphs without code generation (``aot_eager``): what is tested is the
+    tracing, which is the same on a GPU."""
+    import torch._dynamo.utils
+
+    spec = InstanceSpec(
+        route_key="judge",
+        model_path=str(build_tiny_model(tmp_path / "tiny")),
+        num_gpus=1,
+        engine="hf",
+        engine_config=EngineConfig(max_batch_size=64, device="cpu", dtype="float32"),
+    )
+    eng = HFEngine(spec, "judge/compiled")
+    await eng.start()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        for layer in eng.model.model.layers:
+            layer.compile(dynamic=True, backend="aot_eager")
+        prompts = _mixed_prompts()
+        reqs = [_request(p, 4 if i % 3 else 1) for i, p in enumerate(prompts)]
+        outs = await eng.generate(reqs)
+        outs_again = await eng.generate(reqs[:3])  # another batch shape: no new graph break
+        assert not torch._dynamo.utils.counters["graph_break"]
+        for layer in eng.model.model.layers:
+            layer._compiled_call_impl = None  # the reference: plain transformers, eager
+        for out, req, prompt in zip(outs, reqs, prompts, strict=True):
+            _check(eng, out, prompt, req.sampling.max_response_len or 1, None)
+        assert [o.token_ids for o in outs_again] == [o.token_ids for o in outs[:3]]
+    finally:
+        torch._dynamo.reset()
+        await eng.shutdown()
+
+
 def test_each_tree_depth_is_one_contiguous_run_cut_by_its_ancestors() -> None:
     """The layout the GPU's flash path reads without gathers: depth after depth, and at each
     depth the tokens below one shallower node contiguous, in that node's order."""

@@ -332,7 +332,8 @@ class HFEngine(Engine):
         Outside attention a layer is a chain of small element-wise kernels (norms, rotary, the
         gated MLP) that eager mode runs one by one; compiled, they fuse. One compiled layer serves
         every layer (same code, the weights are inputs), with dynamic shapes, so the first batch
-        pays ~15 s once and later shapes do not recompile. Attention itself stays eager.
+        pays ~15 s once and later shapes do not recompile. The attention is one opaque op in
+        the layer's graph (``hf_packing.packed_attention``), so each layer is a single graph.
         """
         layers = getattr(getattr(model, "model", None), "layers", None)
         if self.device.type != "cuda" or os.environ.get("GENRM_HF_COMPILE", "1") == "0":
