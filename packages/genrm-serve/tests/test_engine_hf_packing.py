@@ -212,7 +212,8 @@ async def test_a_compiled_layer_is_one_graph_and_gives_the_same_outputs(tmp_path
     """Under ``torch.compile`` the attention is one opaque op, so each decoder layer compiles to
     one graph with no break: a break around the attention split every layer into four compiled
     regions, whose host cost made a small batch on an H200 take three times its GPU time.
-    Greedy outputs (one-pass verdicts and decoded rows) stay those of plain transformers.
+    Greedy outputs (one-pass verdicts and decoded rows) stay those of plain transformers, and
+    the compiled model used without a plan is plain transformers.
     The compiler's graphs without code generation (``aot_eager``): what is tested is the
     tracing, which is the same on a GPU."""
     import torch._dynamo.utils
@@ -236,8 +237,14 @@ async def test_a_compiled_layer_is_one_graph_and_gives_the_same_outputs(tmp_path
         outs = await eng.generate(reqs)
         outs_again = await eng.generate(reqs[:3])  # another batch shape: no new graph break
         assert not torch._dynamo.utils.counters["graph_break"]
+        # the compiled model without a plan (model.generate, a test's reference) is plain SDPA
+        ids = torch.tensor([prompts[0], prompts[1][: len(prompts[0])]])
+        with torch.no_grad():
+            no_plan = eng.model(input_ids=ids).logits
         for layer in eng.model.model.layers:
             layer._compiled_call_impl = None  # the reference: plain transformers, eager
+        with torch.no_grad():
+            assert torch.allclose(eng.model(input_ids=ids).logits, no_plan, atol=1e-5)
         for out, req, prompt in zip(outs, reqs, prompts, strict=True):
             _check(eng, out, prompt, req.sampling.max_response_len or 1, None)
         assert [o.token_ids for o in outs_again] == [o.token_ids for o in outs[:3]]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +49,20 @@ ATTN_IMPLEMENTATION = "genrm_packed"
 #: becoming a tree node of its own: every tree depth is one more attention call per layer.
 MIN_SHARED_TOKENS = 16
 
-_ACTIVE = threading.local()
+
+class _Active:
+    """The plan (or decode state) the model's attention runs under, one at a time per process
+    (an engine runs one forward at a time). ``on`` is what compiled layers are traced against:
+    a compiled graph is guarded on it, so a model used without a plan (plain transformers,
+    ``model.generate``) gets a graph with its own attention instead of the plan's op."""
+
+    on: bool = False
+    state: PackedPlan | DecodeState | None = None
+    #: attention calls since the plan was activated: the layer of the next one
+    layer: int = 0
+
+
+_ACTIVE = _Active()
 
 
 @dataclass
@@ -419,11 +431,10 @@ class activate:
         self.state = state
 
     def __enter__(self) -> None:
-        _ACTIVE.state = self.state
-        _ACTIVE.layer = 0
+        _ACTIVE.state, _ACTIVE.layer, _ACTIVE.on = self.state, 0, True
 
     def __exit__(self, *exc: object) -> None:
-        _ACTIVE.state = None
+        _ACTIVE.state, _ACTIVE.on = None, False
 
 
 @torch.library.custom_op("genrm::packed_attention", mutates_args=())
@@ -436,7 +447,7 @@ def _attention_op(
     attention calls since the plan was activated (layers run in order): the module's
     ``layer_idx`` as an argument would specialise one compiled graph per layer.
     """
-    state = getattr(_ACTIVE, "state", None)
+    state = _ACTIVE.state
     if state is None:
         raise RuntimeError("genrm::packed_attention runs only under an active plan (activate)")
     layer = _ACTIVE.layer
@@ -474,7 +485,7 @@ def packed_attention(
     whose host cost (guards, resumes, three graph calls: ~1.3 ms per Qwen3-4B layer on an H200
     host) made a batch of 1-8 prompts CPU-bound (46 ms for one prompt of 16 ms GPU work).
     """
-    if not torch.compiler.is_compiling() and getattr(_ACTIVE, "state", None) is None:
+    if not _ACTIVE.on:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
@@ -700,7 +711,7 @@ def _decode(
 
 def _mask_function(*args: Any, **kwargs: Any) -> Any:
     """No mask while a plan is active (the plan is the mask); SDPA's otherwise."""
-    if getattr(_ACTIVE, "state", None) is not None:
+    if _ACTIVE.on:
         return None
     from transformers.masking_utils import sdpa_mask
 
