@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,19 +51,25 @@ ATTN_IMPLEMENTATION = "genrm_packed"
 MIN_SHARED_TOKENS = 16
 
 
-class _Active:
-    """The plan (or decode state) the model's attention runs under, one at a time per process
-    (an engine runs one forward at a time). ``on`` is what compiled layers are traced against:
-    a compiled graph is guarded on it, so a model used without a plan (plain transformers,
-    ``model.generate``) gets a graph with its own attention instead of the plan's op."""
+#: This thread's plan (or decode state) and its count of attention calls so far.
+_ACTIVE = threading.local()
+
+
+class _Plans:
+    """Whether a plan is active in any thread of this process: what compiled layers are traced
+    against (their graphs are guarded on ``on``), so that a model used without a plan (plain
+    transformers, ``model.generate``) gets a graph with its own attention instead of the plan's
+    op. A thread-local would not do: the compiler cannot guard on one."""
 
     on: bool = False
-    state: PackedPlan | DecodeState | None = None
-    #: attention calls since the plan was activated: the layer of the next one
-    layer: int = 0
+    count: int = 0
+    lock = threading.Lock()
 
 
-_ACTIVE = _Active()
+def _plan_active() -> bool:
+    if torch.compiler.is_compiling():
+        return _Plans.on
+    return getattr(_ACTIVE, "state", None) is not None
 
 
 @dataclass
@@ -431,10 +438,16 @@ class activate:
         self.state = state
 
     def __enter__(self) -> None:
-        _ACTIVE.state, _ACTIVE.layer, _ACTIVE.on = self.state, 0, True
+        _ACTIVE.state, _ACTIVE.layer = self.state, 0
+        with _Plans.lock:
+            _Plans.count += 1
+            _Plans.on = True
 
     def __exit__(self, *exc: object) -> None:
-        _ACTIVE.state, _ACTIVE.on = None, False
+        _ACTIVE.state = None
+        with _Plans.lock:
+            _Plans.count -= 1
+            _Plans.on = _Plans.count > 0
 
 
 @torch.library.custom_op("genrm::packed_attention", mutates_args=())
@@ -447,9 +460,12 @@ def _attention_op(
     attention calls since the plan was activated (layers run in order): the module's
     ``layer_idx`` as an argument would specialise one compiled graph per layer.
     """
-    state = _ACTIVE.state
+    state = getattr(_ACTIVE, "state", None)
     if state is None:
-        raise RuntimeError("genrm::packed_attention runs only under an active plan (activate)")
+        raise RuntimeError(
+            "genrm::packed_attention ran without a plan in this thread: a compiled model runs "
+            "without a plan only while no other thread has one (activate)"
+        )
     layer = _ACTIVE.layer
     _ACTIVE.layer = layer + 1
     w = None if window < 0 else window
@@ -485,7 +501,7 @@ def packed_attention(
     whose host cost (guards, resumes, three graph calls: ~1.3 ms per Qwen3-4B layer on an H200
     host) made a batch of 1-8 prompts CPU-bound (46 ms for one prompt of 16 ms GPU work).
     """
-    if not _ACTIVE.on:
+    if not _plan_active():
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
@@ -711,7 +727,7 @@ def _decode(
 
 def _mask_function(*args: Any, **kwargs: Any) -> Any:
     """No mask while a plan is active (the plan is the mask); SDPA's otherwise."""
-    if _ACTIVE.on:
+    if _plan_active():
         return None
     from transformers.masking_utils import sdpa_mask
 
