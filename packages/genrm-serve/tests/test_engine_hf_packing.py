@@ -238,13 +238,23 @@ async def test_a_compiled_layer_is_one_graph_and_gives_the_same_outputs(tmp_path
         outs_again = await eng.generate(reqs[:3])  # another batch shape: no new graph break
         assert not torch._dynamo.utils.counters["graph_break"]
         # the compiled model without a plan (model.generate, a test's reference) is plain SDPA
-        ids = torch.tensor([prompts[0], prompts[1][: len(prompts[0])]])
-        with torch.no_grad():
-            no_plan = eng.model(input_ids=ids).logits
+        one = torch.tensor([prompts[0]])  # batch 1, as the packed sequence
+        padded = torch.tensor([prompts[0], [0] * 5 + prompts[0][5:]])
+        mask = torch.ones_like(padded)
+        mask[1, :5] = 0  # left padding: the attention mask reaches the op
+
+        def plain() -> list[torch.Tensor]:
+            with torch.no_grad():
+                return [
+                    eng.model(input_ids=one).logits,
+                    eng.model(input_ids=padded, attention_mask=mask).logits[:, 5:],
+                ]
+
+        no_plan = plain()
         for layer in eng.model.model.layers:
             layer._compiled_call_impl = None  # the reference: plain transformers, eager
-        with torch.no_grad():
-            assert torch.allclose(eng.model(input_ids=ids).logits, no_plan, atol=1e-5)
+        for got, want in zip(no_plan, plain(), strict=True):
+            assert torch.allclose(got, want, atol=1e-5)
         for out, req, prompt in zip(outs, reqs, prompts, strict=True):
             _check(eng, out, prompt, req.sampling.max_response_len or 1, None)
         assert [o.token_ids for o in outs_again] == [o.token_ids for o in outs[:3]]

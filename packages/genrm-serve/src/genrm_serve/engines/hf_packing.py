@@ -55,23 +55,6 @@ MIN_SHARED_TOKENS = 16
 _ACTIVE = threading.local()
 
 
-class _Plans:
-    """Whether a plan is active in any thread of this process: what compiled layers are traced
-    against (their graphs are guarded on ``on``), so that a model used without a plan (plain
-    transformers, ``model.generate``) gets a graph with its own attention instead of the plan's
-    op. A thread-local would not do: the compiler cannot guard on one."""
-
-    on: bool = False
-    count: int = 0
-    lock = threading.Lock()
-
-
-def _plan_active() -> bool:
-    if torch.compiler.is_compiling():
-        return _Plans.on
-    return getattr(_ACTIVE, "state", None) is not None
-
-
 @dataclass
 class PrefixNode:
     """A run of prompt tokens that the rows below it share; ``start`` is its first position."""
@@ -439,33 +422,41 @@ class activate:
 
     def __enter__(self) -> None:
         _ACTIVE.state, _ACTIVE.layer = self.state, 0
-        with _Plans.lock:
-            _Plans.count += 1
-            _Plans.on = True
 
     def __exit__(self, *exc: object) -> None:
         _ACTIVE.state = None
-        with _Plans.lock:
-            _Plans.count -= 1
-            _Plans.on = _Plans.count > 0
 
 
 @torch.library.custom_op("genrm::packed_attention", mutates_args=())
 def _attention_op(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, window: int
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    window: int,
 ) -> torch.Tensor:
-    """The active plan's (or decode state's) attention, ``[b, T, heads, dim]`` out.
+    """This thread's plan's (or decode state's) attention, ``[b, T, heads, dim]`` out; without
+    one, plain causal SDPA under ``mask`` (a compiled model used as plain transformers).
 
-    Opaque to the compiler, so a compiled layer stays one graph. Its layer is the number of
-    attention calls since the plan was activated (layers run in order): the module's
-    ``layer_idx`` as an argument would specialise one compiled graph per layer.
+    Opaque to the compiler, so a compiled layer stays one graph, and decided at run time, so
+    one graph serves calls with and without a plan. Its layer is the number of attention calls
+    since the plan was activated (layers run in order): the module's ``layer_idx`` as an
+    argument would specialise one compiled graph per layer.
     """
     state = getattr(_ACTIVE, "state", None)
     if state is None:
-        raise RuntimeError(
-            "genrm::packed_attention ran without a plan in this thread: a compiled model runs "
-            "without a plan only while no other thread has one (activate)"
+        is_causal = query.shape[2] > 1 and mask is None
+        out = F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=mask,
+            is_causal=is_causal,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
         )
+        return out.transpose(1, 2).contiguous()
     layer = _ACTIVE.layer
     _ACTIVE.layer = layer + 1
     w = None if window < 0 else window
@@ -476,7 +467,12 @@ def _attention_op(
 
 @_attention_op.register_fake
 def _(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, window: int
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    window: int,
 ) -> torch.Tensor:
     b, heads, t, dim = query.shape
     return query.new_empty((b, t, heads, dim))
@@ -501,7 +497,7 @@ def packed_attention(
     whose host cost (guards, resumes, three graph calls: ~1.3 ms per Qwen3-4B layer on an H200
     host) made a batch of 1-8 prompts CPU-bound (46 ms for one prompt of 16 ms GPU work).
     """
-    if not _plan_active():
+    if not torch.compiler.is_compiling() and getattr(_ACTIVE, "state", None) is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
@@ -522,7 +518,8 @@ def packed_attention(
         sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
     )
     scale = float(scaling) if scaling is not None else float(query.shape[-1]) ** -0.5
-    out: torch.Tensor = _attention_op(query, key, value, scale, -1 if window is None else window)
+    w = -1 if window is None else window
+    out: torch.Tensor = _attention_op(query, key, value, attention_mask, scale, w)
     return out, None
 
 
@@ -727,7 +724,7 @@ def _decode(
 
 def _mask_function(*args: Any, **kwargs: Any) -> Any:
     """No mask while a plan is active (the plan is the mask); SDPA's otherwise."""
-    if _plan_active():
+    if getattr(_ACTIVE, "state", None) is not None:
         return None
     from transformers.masking_utils import sdpa_mask
 
