@@ -11,6 +11,9 @@ ratio of each to the first:
 * ``/generate x64``: 64 concurrent ``POST /genrm/generate`` (what a naive client sends), from
   aiohttp and again from httpx (whose own cost per request spaces them out).
 
+``--small-batches 1,8`` adds in-process rows for the first k requests alone: a small batch's
+cost is what a burst's first engine batch costs.
+
 Both service paths go through the real stack: HTTP, Serve's proxy, the ingress, the router and
 the engine actor's micro-batcher, with the engine in its own process. The prompts are chat
 messages (the service's input), so the template is in both paths: ``--groups`` groups of
@@ -200,13 +203,13 @@ def _set_batch_wait(actor: Any, wait_s: float, wait_max_s: float) -> None:
 
 
 @contextlib.contextmanager
-def _gil_profile(worker: Any, path: str | None) -> Iterator[None]:
-    """py-spy on the engine actor, sampling only the thread that holds the GIL (raw stacks per
-    thread, to ``path``): which of the compute thread and the event loop's intake has it."""
+def _gil_profile(pid: int, path: str | None) -> Iterator[None]:
+    """py-spy on the engine actor's process ``pid``, sampling only the thread that holds the GIL
+    (raw stacks per thread, to ``path``): which of the compute thread and the event loop's
+    intake has it."""
     if path is None:
         yield
         return
-    pid = ray.get(worker.__ray_call__.remote(lambda _actor: os.getpid()))
     command = ["py-spy", "record", "--gil", "--threads", "--nonblocking", "-r", "1000", "-f", "raw"]
     spy = subprocess.Popen([*command, "-p", str(pid), "-o", path], stdout=subprocess.DEVNULL)
     try:
@@ -353,19 +356,20 @@ async def _http_paths(
             for s in switch_intervals
         ]
         default = await worker.__ray_call__.remote(lambda a: (a.batch_wait_s, a.batch_wait_max_s))
+        pid = await worker.__ray_call__.remote(lambda _actor: os.getpid())
         for name, fn, settings in paths:
             await worker.__ray_call__.remote(_set_batch_wait, *settings.get("wait", default))
-            switch = await worker.__ray_call__.remote(
-                _set_switch_interval, settings.get("switch", 0.005)
-            )
+            if "switch" in settings:
+                switch = await worker.__ray_call__.remote(_set_switch_interval, settings["switch"])
             before = await worker.stats.remote()
-            with _gil_profile(worker, settings.get("profile")):
+            with _gil_profile(pid, settings.get("profile")):
                 wall, counters = await _timed_calls(fn, repeats, worker)
             counters |= _deltas(before, await worker.stats.remote())
             counters["actor_ms"] = int(1e3 * statistics.median(actor_s[-repeats:]))
             actor_s.clear()
             rows.append((name, wall, counters))
-            await worker.__ray_call__.remote(_set_switch_interval, switch)
+            if "switch" in settings:
+                await worker.__ray_call__.remote(_set_switch_interval, switch)
     return rows
 
 

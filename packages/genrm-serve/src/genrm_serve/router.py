@@ -392,10 +392,10 @@ class InstanceRouter:
         """``request``'s answer from ``slot``, in one call with the other single requests given
         to that engine in this turn of the event loop (a client's concurrent /generate).
 
-        A Ray actor call costs about a millisecond of CPU here and again in the engine actor,
-        where taking calls in competes with the running batch for the GIL: a burst pays it once,
-        and meets in one engine batch. A lone request goes alone, with no wait added. Each
-        request keeps its own slot, admission and retry, as if it had been sent alone.
+        A Ray actor call costs about a millisecond of CPU here and again in the engine actor:
+        a burst pays it once per engine, and reaches the engine's batcher as one unit. A lone
+        request goes alone, with no wait added. Each request keeps its own slot, admission and
+        retry, as if it had been sent alone.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[EngineOutput] = loop.create_future()

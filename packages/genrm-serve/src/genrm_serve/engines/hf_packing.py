@@ -50,7 +50,6 @@ ATTN_IMPLEMENTATION = "genrm_packed"
 #: becoming a tree node of its own: every tree depth is one more attention call per layer.
 MIN_SHARED_TOKENS = 16
 
-
 #: This thread's plan (or decode state) and its count of attention calls so far.
 _ACTIVE = threading.local()
 
@@ -433,7 +432,7 @@ def _attention_op(
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor | None,
-    scaling: float,
+    scaling: float | None,
     window: int,
 ) -> torch.Tensor:
     """This thread's plan's (or decode state's) attention, ``[b, T, heads, dim]`` out; without
@@ -485,10 +484,11 @@ def packed_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention-interface function; plain SDPA when no plan is active.
 
-    Under a plan the attention is one opaque op (:func:`_attention_op`), so a compiled layer is
-    one graph: a graph break around the attention split each layer into four compiled regions,
-    whose host cost (guards, resumes, three graph calls: ~1.3 ms per Qwen3-4B layer on an H200
-    host) made a batch of 1-8 prompts CPU-bound (46 ms for one prompt of 16 ms GPU work).
+    Under a plan, and always in compiled code, the attention is one opaque op
+    (:func:`_attention_op`, which decides at run time), so a compiled layer is one graph: a
+    graph break around the attention split each layer into four compiled regions, whose host
+    cost (guards, resumes, three graph calls: ~1.3 ms per Qwen3-4B layer on an H200 host) made
+    a batch of 1-8 prompts CPU-bound (46 ms for one prompt of 16 ms GPU work).
     """
     if not torch.compiler.is_compiling() and getattr(_ACTIVE, "state", None) is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -510,9 +510,8 @@ def packed_attention(
     window = (
         sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
     )
-    scale = float(scaling) if scaling is not None else float(query.shape[-1]) ** -0.5
     w = -1 if window is None else window
-    out: torch.Tensor = _attention_op(query, key, value, attention_mask, scale, w)
+    out: torch.Tensor = _attention_op(query, key, value, attention_mask, scaling, w)
     return out, None
 
 
