@@ -19,6 +19,8 @@ __all__ = [
     "EnginePlacement",
     "EngineRef",
     "EngineSource",
+    "engine_actor_name",
+    "follower_refs",
     "instance_bundles",
     "needs_gpus",
     "normalize_engines",
@@ -49,6 +51,9 @@ class EngineRef:
     given, the service re-creates the engine there when the actor dies (``ray.kill``, a crash);
     without it, the service waits for Ray to restart the actor (``max_restarts``) and rejoins it.
     In standalone mode ``handle`` starts as None and the service creates the actor itself.
+    ``reattach``: another ingress replica (the leader, see ``ServeArgs.ingress_replicas``)
+    creates and re-creates the actor under ``name``; this replica looks the name up again after
+    the actor dies instead of waiting for Ray to restart it.
     """
 
     handle: Any = None
@@ -57,6 +62,7 @@ class EngineRef:
     placement: EnginePlacement | None = None
     #: Name under which a re-created actor is registered (standalone mode).
     create_name: str | None = None
+    reattach: bool = False
 
     @property
     def recreatable(self) -> bool:
@@ -139,3 +145,30 @@ def instance_bundles(
     if with_gpus:
         bundle["GPU"] = float(spec.num_gpus_per_engine)
     return [dict(bundle) for _ in range(spec.num_engines)]
+
+
+def engine_actor_name(app_name: str, route_key: str, index: int) -> str:
+    """The name the service gives an engine actor it creates (and re-creates)."""
+    return f"genrm-engine:{app_name}:{route_key}:{index}"
+
+
+def follower_refs(refs: Sequence[EngineRef]) -> list[EngineRef]:
+    """The refs of an ingress replica other than the leader: the same actors, never created or
+    killed here (one owner of every engine's life: the leader's supervisor). An engine the
+    leader re-creates is found again under its ``create_name``."""
+    out = []
+    for ref in refs:
+        if ref.recreatable:
+            if ref.create_name is None:
+                raise GenRMConfigError(
+                    "a re-creatable engine needs a create_name when several ingress replicas "
+                    "serve it (the others find the re-created actor by that name)"
+                )
+            out.append(EngineRef(handle=ref.handle, name=ref.create_name, reattach=True))
+        else:
+            out.append(
+                EngineRef(
+                    handle=ref.handle, name=ref.name, namespace=ref.namespace, reattach=ref.reattach
+                )
+            )
+    return out

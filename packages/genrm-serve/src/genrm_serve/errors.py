@@ -80,12 +80,14 @@ class ServiceError(Exception):
 
     @classmethod
     def overloaded(
-        cls, route_key: str, queued: int, bound: int, retry_after_s: float
+        cls, route_key: str, queued: int, bound: int, retry_after_s: float, share: int | None = None
     ) -> ServiceError:
+        """``share``: the bound of the one ingress replica that refused, where it differs."""
+        per_replica = f" ({share} per ingress replica)" if share not in (None, bound) else ""
         return cls(
             "overloaded",
             f"route_key={route_key}: {queued} requests already queued, the bound is "
-            f"max_queued_requests={bound}; retry later",
+            f"max_queued_requests={bound}{per_replica}; retry later",
             route_key=route_key,
             retry_after_s=retry_after_s,
         )

@@ -99,6 +99,8 @@ class EngineSlot:
     next_attempt_at: float = 0.0
     #: The service created this actor (standalone, or a re-creation): it kills it on shutdown.
     owned: bool = False
+    #: Asleep at its last health probe.
+    asleep: bool = False
     job: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -148,12 +150,21 @@ class InstanceRouter:
         inflight_limit: int,
         request_timeout_s: float,
         on_engine_gone: Callable[[EngineSlot], None] | None = None,
+        max_queued: int | None = None,
+        engines_shared: bool = False,
     ) -> None:
+        """``max_queued``: this router's queue bound (None: the instance's
+        ``max_queued_requests``). ``engines_shared``: other ingress replicas route onto the same
+        engines, so a sleep is known from the engines (they refuse while asleep; the probes
+        report it), not from a flag of this replica's."""
         self.spec = spec
         self.route_key = spec.route_key
         self.slots = list(slots)
         self.inflight_limit = inflight_limit
-        self.max_queued = spec.engine_config.max_queued_requests
+        self.max_queued = (
+            spec.engine_config.max_queued_requests if max_queued is None else max_queued
+        )
+        self.engines_shared = engines_shared
         self.max_batch = spec.engine_config.max_batch_size
         self.request_timeout_s = request_timeout_s
         self.asleep = False
@@ -190,6 +201,19 @@ class InstanceRouter:
         slot.detail = detail
         self._dispatch()
 
+    def engine_reports(self, slot: EngineSlot, *, asleep: bool) -> None:
+        """A health probe's answer. With shared engines the instance is asleep when every
+        healthy engine is: another replica may have put it to sleep or woken it."""
+        slot.asleep = asleep
+        if self.engines_shared:
+            healthy = [s for s in self.slots if s.healthy]
+            self.asleep = bool(healthy) and all(s.asleep for s in healthy)
+
+    @property
+    def _refusing(self) -> bool:
+        """Asleep by this router's own word: refuse at admission instead of at the engine."""
+        return self.asleep and not self.engines_shared
+
     def engine_gone(self, slot: EngineSlot, err: BaseException) -> None:
         """A call found the actor dead: stop routing to it now, let the supervisor revive it."""
         if slot.state in ("healthy", "unhealthy", "starting"):
@@ -215,7 +239,7 @@ class InstanceRouter:
 
     def admit(self, n: int = 1) -> None:
         """Refuse now (429 / 503) what the instance cannot take; never waits."""
-        if self.asleep:
+        if self._refusing:
             raise ServiceError.asleep(self.route_key)
         if not any(s.healthy for s in self.slots):
             raise self._no_engine_error()
@@ -223,7 +247,11 @@ class InstanceRouter:
         would_wait = bool(self._waiters) or self._pick(n, frozenset()) is None
         if would_wait and queued > 0 and queued + n > self.max_queued:
             raise ServiceError.overloaded(
-                self.route_key, queued, self.max_queued, self._retry_after()
+                self.route_key,
+                queued,
+                self.spec.engine_config.max_queued_requests,
+                self._retry_after(),
+                share=self.max_queued,
             )
 
     def _pick(self, n: int, exclude: frozenset[str]) -> EngineSlot | None:
@@ -251,7 +279,7 @@ class InstanceRouter:
             if waiter.future.done():
                 self._waiters.popleft()
                 continue
-            if self.asleep:
+            if self._refusing:
                 self._waiters.popleft()
                 waiter.future.set_exception(ServiceError.asleep(self.route_key))
                 continue
@@ -268,7 +296,7 @@ class InstanceRouter:
 
     async def acquire(self, n: int = 1, exclude: frozenset[str] = frozenset()) -> EngineSlot:
         """Reserve ``n`` request slots on the least-loaded healthy engine, waiting in line."""
-        if self.asleep:
+        if self._refusing:
             raise ServiceError.asleep(self.route_key)
         if not self._waiters:
             slot = self._pick(n, exclude)

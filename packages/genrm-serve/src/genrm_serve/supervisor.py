@@ -5,7 +5,9 @@ timeout, and only ever update the slots' state: ``GET /health`` reads that state
 on an engine, so a slow or dead engine cannot stall health checks or generate traffic. A dead
 engine with a known placement is re-created in the same bundle after a back-off that doubles on
 each failure in a row; one without (an actor someone else created) is probed until Ray restarts
-it, then started again and let back in.
+it, then started again and let back in. With several ingress replicas only the leader's
+supervisor creates engines; the others' find each one by name (``EngineRef.reattach``), again
+after it died, and start it (a start is idempotent: they share the leader's load).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ class EngineSupervisor:
                 if time.monotonic() < slot.next_attempt_at:
                     return
                 await self._create(router, slot)
+                if slot.handle is None:  # not there yet: the leader has yet to create it
+                    return
             if slot.state in ("pending", "starting"):
                 await self._start(router, slot)
             else:
@@ -133,6 +137,9 @@ class EngineSupervisor:
                 with contextlib.suppress(Exception):
                     ray.kill(old, no_restart=True)
             router.set_state(slot, "pending", f"{detail}; re-creating in {backoff:.1f}s")
+        elif slot.ref.reattach:
+            slot.handle = None
+            router.set_state(slot, "pending", f"{detail}; looking it up again in {backoff:.1f}s")
         else:
             router.set_state(slot, "dead", detail)
 
@@ -141,7 +148,14 @@ class EngineSupervisor:
         if ref.handle is not None and slot.restarts == 0 and slot.failures_in_row == 0:
             slot.handle = ref.handle
         elif ref.name is not None and not ref.recreatable:
-            slot.handle = ray.get_actor(ref.name, namespace=ref.namespace)
+            try:
+                slot.handle = ray.get_actor(ref.name, namespace=ref.namespace)
+            except ValueError:  # no actor of that name (yet)
+                if not ref.reattach:
+                    raise
+                slot.next_attempt_at = time.monotonic() + self.args.health_check_period_s
+                router.set_state(slot, "pending", f"waiting for the leader to create {ref.name}")
+                return
         else:
             pg = ref.placement.placement_group if ref.placement is not None else None
             if pg is not None:
@@ -157,7 +171,7 @@ class EngineSupervisor:
         router.set_state(slot, "starting", "loading the model")
         try:
             await asyncio.wait_for(slot.handle.start.remote(), self.args.engine_start_timeout_s)
-            if router.asleep:
+            if router.asleep and not slot.ref.reattach:  # its creator's call, not a follower's
                 await asyncio.wait_for(slot.handle.sleep.remote(), self.args.sleep_timeout_s)
             await asyncio.wait_for(slot.handle.check_health.remote(), self.args.probe_timeout_s)
         except asyncio.CancelledError:
@@ -170,11 +184,13 @@ class EngineSupervisor:
 
     async def _probe(self, router: InstanceRouter, slot: EngineSlot) -> None:
         try:
-            await asyncio.wait_for(slot.handle.check_health.remote(), self.args.probe_timeout_s)
+            asleep = await asyncio.wait_for(
+                slot.handle.check_health.remote(), self.args.probe_timeout_s
+            )
         except asyncio.CancelledError:
             raise
         except _ACTOR_GONE as err:
-            if slot.ref.recreatable:
+            if slot.ref.recreatable or slot.ref.reattach:
                 self._failed(router, slot, f"actor died: {error_message(err)}")
             else:
                 router.set_state(slot, "dead", f"actor unavailable: {error_message(err)}")
@@ -197,6 +213,7 @@ class EngineSupervisor:
             return
         slot.failures_in_row = 0
         router.set_state(slot, "healthy", None)
+        router.engine_reports(slot, asleep=asleep is True)
 
     async def _not_started(self, slot: EngineSlot) -> bool:
         """Whether the actor is up but fresh (Ray restarted it faster than a probe period)."""

@@ -227,8 +227,9 @@ class EngineWorker:
             )
         return method
 
-    async def check_health(self) -> None:
-        """Raise if this engine cannot serve (asleep counts as healthy: it can be woken)."""
+    async def check_health(self) -> bool:
+        """Raise if this engine cannot serve (asleep counts as healthy: it can be woken); else
+        whether it is asleep (how ingress replicas that did not put it to sleep learn it)."""
         if self.engine is None or self._loop_task is None:
             raise EngineError(
                 f"engine {self.engine_id} is not started"
@@ -237,6 +238,7 @@ class EngineWorker:
         if self._loop_task.done():
             raise EngineError(f"engine {self.engine_id}: batch loop stopped")
         await asyncio.wait_for(self.engine.check_health(), DEFAULT_HEALTH_TIMEOUT_S)
+        return self.engine.state == "asleep"
 
     async def stats(self) -> dict[str, Any]:
         """Queue depth, in-flight, counters, state and weight version (JSON-serialisable)."""
