@@ -13,6 +13,7 @@ Two ways in, one app:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,7 @@ from ray.serve.handle import DeploymentHandle
 
 from genrm_serve import limits
 from genrm_serve.config import GenRMConfigError, InstanceSpec
-from genrm_serve.engine_refs import EngineSource, normalize_engines
+from genrm_serve.engine_refs import EngineSource, engine_actor_name, normalize_engines
 from genrm_serve.ingress import GenRMIngress
 from genrm_serve.serve_args import ServeArgs
 
@@ -72,8 +73,19 @@ def build_app(
                 f"instance key {key!r} != its spec's route_key {spec.route_key!r}"
             )
     refs = normalize_engines(instances, engines)
+    if args.ingress_replicas > 1:
+        # The leader re-creates a dead engine under a name, for the other replicas to find.
+        refs = {
+            key: [
+                dataclasses.replace(r, create_name=engine_actor_name(args.app_name, key, i))
+                if r.recreatable and r.create_name is None
+                else r
+                for i, r in enumerate(items)
+            ]
+            for key, items in refs.items()
+        }
     deployment = cast(Any, GenRMIngress).options(
-        num_replicas=1,
+        num_replicas=args.ingress_replicas,
         max_ongoing_requests=_max_ongoing(instances, args),
         max_queued_requests=-1,
         ray_actor_options={"num_cpus": args.ingress_num_cpus},

@@ -70,7 +70,7 @@ def standalone_needs(
 
     An instance asks for GPUs by the same rule its engines do (:func:`needs_gpus`: a CPU or
     scripted engine takes none, also on a cluster that has GPUs). The sum includes the ingress
-    replica's CPUs (Serve's controller and proxy ask for none).
+    replicas' CPUs (Serve's controller and proxy ask for none).
     """
     per_instance = {
         key: instance_bundles(

@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-num-cpus", type=float, default=1.0, help="CPUs reserved per engine actor"
     )
     run.add_argument(
+        "--ingress-replicas",
+        type=int,
+        default=1,
+        help="HTTP ingress replicas (default 1); more serve more concurrent single requests",
+    )
+    run.add_argument(
         "--num-cpus", type=int, default=None, help="CPUs of the local Ray (when starting one)"
     )
     run.add_argument(
@@ -208,6 +214,7 @@ def _resolve_run(
             app_name=ns.app_name,
             api_key=ns.api_key or os.environ.get("GENRM_API_KEY") or None,
             engine_num_cpus=ns.engine_num_cpus,
+            ingress_replicas=ns.ingress_replicas,
         )
     except GenRMConfigError as err:
         parser.error(str(err))
@@ -255,7 +262,7 @@ def _check_capacity(instances: dict[str, InstanceSpec], args: ServeArgs) -> None
         instances,
         cluster_has_gpus=total.get("GPU", 0.0) > 0,
         engine_num_cpus=args.engine_num_cpus,
-        ingress_num_cpus=args.ingress_num_cpus,
+        ingress_num_cpus=args.ingress_num_cpus * args.ingress_replicas,
     )
     asks = ", ".join(
         f"{key!r}: {len(bundles)} engine(s) x {bundles[0] if bundles else {}}"
@@ -278,7 +285,8 @@ def _check_capacity(instances: dict[str, InstanceSpec], args: ServeArgs) -> None
     check_fits(
         needed,
         total,
-        f"the GenRM instances ({asks}, plus {args.ingress_num_cpus:g} CPU for the ingress)",
+        f"the GenRM instances ({asks}, plus "
+        f"{args.ingress_num_cpus * args.ingress_replicas:g} CPU for the ingress)",
         hint=hint,
     )
 

@@ -6,8 +6,12 @@ ones), asks the instance's router for an engine, and turns every failure into on
 thousands of concurrent requests; that is why Serve's ``max_ongoing_requests`` is set high and
 admission control is done per instance here instead (429 with Retry-After).
 
-One replica on purpose: routing state (who is in flight where) and the engine supervisor live
-here, and a second replica would double-count engine load and race on restarts.
+One replica by default; ``ServeArgs.ingress_replicas`` adds more when concurrent single requests
+outrun one replica's Python (~1 ms of HTTP handling a request, serial on its event loop). Each
+replica keeps its own routing state over all the engines, with an even share of every
+instance's admission limits. The leader (rank 0) owns the engines' life: it creates and
+re-creates them; the others find them by name. A sleep is then known from the engines (they
+refuse while asleep, the probes report it), and ``/metrics`` adds up every replica's.
 
 No ``from __future__ import annotations`` here: Serve's class-based FastAPI views read the
 route methods' annotations at runtime, and string annotations turn every body into a query
@@ -28,6 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 from ray import serve
+from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as Message_
@@ -41,11 +46,19 @@ from genrm_client.types import (
     SamplingParams,
 )
 from genrm_serve.config import InstanceSpec
-from genrm_serve.engine_refs import EnginePlacement, EngineRef, instance_bundles, needs_gpus
+from genrm_serve.engine_refs import (
+    EnginePlacement,
+    EngineRef,
+    engine_actor_name,
+    follower_refs,
+    instance_bundles,
+    needs_gpus,
+)
 from genrm_serve.engines.base import EngineOutput, EngineRequest
 from genrm_serve.errors import ServiceError, error_body, error_response
 from genrm_serve.health import health_report
 from genrm_serve.metrics import CONTENT_TYPE, ServiceMetrics
+from genrm_serve.metrics_hub import MetricsPublisher
 from genrm_serve.openai_compat import (
     ChatCompletionRequest,
     chat_completion_response,
@@ -245,6 +258,22 @@ def _meta(router: InstanceRouter, slot: EngineSlot, out: EngineOutput) -> dict[s
     return meta.model_dump(exclude_none=True)
 
 
+def _replica_rank() -> int:
+    """This replica's rank among the ingress replicas (0, the leader, outside Serve)."""
+    try:
+        return int(serve.get_replica_context().rank.rank)
+    except RayServeException:
+        return 0
+
+
+def _standalone_names(spec: InstanceSpec, args: ServeArgs) -> list[EngineRef]:
+    """The engines the leader creates for a standalone instance, by the names it gives them."""
+    return [
+        EngineRef(name=engine_actor_name(args.app_name, spec.route_key, i), reattach=True)
+        for i in range(spec.num_engines)
+    ]
+
+
 def _outcome(err: ServiceError) -> str:
     known = {"prompt_too_long", "overloaded", "engine_unavailable", "instance_asleep", "timeout"}
     return err.type if err.type in known else "error"
@@ -270,28 +299,45 @@ class GenRMIngress:
         self.prom = ServiceMetrics()
         self.prom.prime(list(instances))
         self._pgs: list[Any] = []
-        cluster_gpus = float(ray.cluster_resources().get("GPU", 0)) > 0  # type: ignore[no-untyped-call]
+        replicas = args.ingress_replicas
+        rank = _replica_rank()
         self.routers: dict[str, InstanceRouter] = {}
         for key, spec in instances.items():
-            refs = engines.get(key) or self._standalone_refs(spec, needs_gpus(spec, cluster_gpus))
+            refs = engines.get(key) or (
+                self._standalone_refs(spec) if rank == 0 else _standalone_names(spec, args)
+            )
+            if rank > 0:
+                refs = follower_refs(refs)
             slots = [EngineSlot(route_key=key, index=i, ref=r) for i, r in enumerate(refs)]
             limit = args.engine_inflight_limit or 2 * spec.engine_config.max_batch_size
             self.routers[key] = InstanceRouter(
                 spec,
                 slots,
-                inflight_limit=limit,
+                inflight_limit=-(-limit // replicas),
+                max_queued=-(-spec.engine_config.max_queued_requests // replicas),
                 request_timeout_s=args.request_timeout_s,
+                engines_shared=replicas > 1,
             )
         self.supervisor = EngineSupervisor(self.routers, args)
         for router in self.routers.values():
             router._on_engine_gone = self.supervisor.kick
         self.supervisor.start()
+        self.publisher: MetricsPublisher | None = None
+        if replicas > 1:
+            self.publisher = MetricsPublisher(
+                args.app_name, rank, lambda: self.prom.render(self.routers)
+            )
+            self.publisher.start()
         self.registered = sorted(self.routers)
-        logger.info("GenRM ingress up: instances %s", self.registered)
+        logger.info(
+            "GenRM ingress up (replica %d of %d): instances %s", rank, replicas, self.registered
+        )
 
-    def _standalone_refs(self, spec: InstanceSpec, with_gpus: bool) -> list[EngineRef]:
+    def _standalone_refs(self, spec: InstanceSpec) -> list[EngineRef]:
         from ray.util.placement_group import placement_group
 
+        cluster_gpus = float(ray.cluster_resources().get("GPU", 0)) > 0  # type: ignore[no-untyped-call]
+        with_gpus = needs_gpus(spec, cluster_gpus)
         bundles = instance_bundles(
             spec, with_gpus=with_gpus, engine_num_cpus=self.args.engine_num_cpus
         )
@@ -308,7 +354,7 @@ class GenRMIngress:
                     num_gpus=gpus,
                     num_cpus=self.args.engine_num_cpus,
                 ),
-                create_name=f"genrm-engine:{self.args.app_name}:{spec.route_key}:{i}",
+                create_name=engine_actor_name(self.args.app_name, spec.route_key, i),
             )
             for i in range(len(bundles))
         ]
@@ -320,6 +366,8 @@ class GenRMIngress:
 
     async def __del__(self) -> None:
         await self.supervisor.stop()
+        if self.publisher is not None:
+            await self.publisher.stop()
         for router in self.routers.values():
             for slot in router.slots:
                 if slot.owned and slot.handle is not None:
@@ -478,7 +526,9 @@ class GenRMIngress:
 
     @fastapi_app.get("/metrics")
     async def metrics(self) -> Response:
-        """Prometheus text format, labelled by route_key."""
+        """Prometheus text format, labelled by route_key; every replica's, added up."""
+        if self.publisher is not None:
+            return Response(await self.publisher.scrape(), media_type=CONTENT_TYPE)
         return Response(self.prom.render(self.routers), media_type=CONTENT_TYPE)
 
     @fastapi_app.get("/engines")

@@ -41,8 +41,13 @@ class ServeArgs(BaseModel):
     #: admission control is ours (per instance, 429), so Serve must never be the bottleneck.
     #: None = computed from the instances (every engine's in-flight slots plus every queue, x2).
     max_ongoing_requests: int | None = Field(default=None, gt=0)
-    #: CPUs of the ingress replica (it only awaits engine actors).
+    #: CPUs of each ingress replica (it only awaits engine actors).
     ingress_num_cpus: float = Field(default=0.1, ge=0.0)
+    #: Ingress replicas: each one's HTTP handling is serial Python (~1 ms a request), so
+    #: concurrent single requests (many clients' ``/generate``) scale with more. Their first
+    #: (the leader) creates and re-creates the engines; every replica routes onto all of them,
+    #: with an even share of each instance's admission limits.
+    ingress_replicas: int = Field(default=1, ge=1)
     #: CPUs of each engine actor the service creates itself (standalone mode).
     engine_num_cpus: float = Field(default=1.0, gt=0.0)
     #: Requests one engine may hold at once (its batcher fills the next batch while one runs);
