@@ -12,7 +12,8 @@ ratio of each to the first:
   aiohttp and again from httpx (whose own cost per request spaces them out).
 
 ``--small-batches 1,8`` adds in-process rows for the first k requests alone: a small batch's
-cost is what a burst's first engine batch costs.
+cost is what a burst's first engine batch costs. ``--ingress-replicas 2,4`` adds rows of the
+service deployed again with that many ingress replicas over the same engine.
 
 Both service paths go through the real stack: HTTP, Serve's proxy, the ingress, the router and
 the engine actor's micro-batcher, with the engine in its own process. The prompts are chat
@@ -68,6 +69,7 @@ from genrm_serve.app import build_app, deploy, wait_until_healthy
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
 from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.hf import HFEngine
+from genrm_serve.engines.worker import create_engine_worker
 from genrm_serve.models import resolve_model_path
 from genrm_serve.serve_args import ServeArgs
 from genrm_serve.testing import free_port
@@ -260,6 +262,10 @@ async def _timed_calls(
     return statistics.median(walls), out
 
 
+#: The engine actor the benchmark hands the service.
+ENGINE_NAME = "judge-service-bench-0"
+
+
 def _service(
     spec: InstanceSpec,
     texts: list[str],
@@ -267,20 +273,32 @@ def _service(
     waits: list[tuple[float, float]],
     switch_intervals: list[float],
     profile: str | None,
+    replicas: list[int],
 ) -> list[tuple[str, float, dict[str, Any]]]:
     ray.init(num_gpus=1 if torch.cuda.is_available() else 0, include_dashboard=False)
-    sargs = ServeArgs(port=free_port(), api_key=None, engine_num_cpus=1.0)
-    deploy(build_app({"judge": spec}, args=sargs), sargs)
-    wait_until_healthy(sargs, 900)
-    bodies = [{"messages": [{"role": "user", "content": t}], "route_key": "judge"} for t in texts]
-    with httpx.Client(base_url=sargs.url, timeout=600) as sync_client:
-        (slot,) = sync_client.get("/engines").json()["instances"]["judge"]
-    worker = ray.get_actor(slot["actor_name"], namespace=slot["namespace"])
+    # The engine is made here and handed to the service (as rl-core does), so that the service
+    # can be deployed again with more ingress replicas over the same loaded engine.
+    gpus = 1.0 if torch.cuda.is_available() else 0.0
+    worker = create_engine_worker(spec, 0, num_gpus=gpus, num_cpus=1.0, name=ENGINE_NAME)
+    ray.get(worker.start.remote(), timeout=900)
     ray.get(worker.__ray_call__.remote(_record_arrivals))
+    port = free_port()
+
+    def serve_with(replicas: int) -> str:
+        sargs = ServeArgs(port=port, api_key=None, ingress_replicas=replicas)
+        app = build_app({"judge": spec}, engines={"judge": [ENGINE_NAME]}, args=sargs)
+        deploy(app, sargs)
+        wait_until_healthy(sargs, 900)
+        return sargs.url
+
+    bodies = [{"messages": [{"role": "user", "content": t}], "route_key": "judge"} for t in texts]
+    url = serve_with(1)
     rows = [_in_actor(worker, spec, texts, repeats)]
-    rows += asyncio.run(
-        _http_paths(sargs.url, bodies, worker, repeats, waits, switch_intervals, profile)
-    )
+    rows += asyncio.run(_http_paths(url, bodies, worker, repeats, waits, switch_intervals, profile))
+    for n in replicas:
+        url = serve_with(n)
+        more = asyncio.run(_http_paths(url, bodies, worker, repeats, waits, [], None, core=True))
+        rows += [(f"{name}, {n} ingress replicas", wall, c) for name, wall, c in more]
     serve.shutdown()
     ray.shutdown()
     return rows
@@ -294,9 +312,12 @@ async def _http_paths(
     waits: list[tuple[float, float]],
     switch_intervals: list[float],
     profile: str | None,
+    *,
+    core: bool = False,
 ) -> list[tuple[str, float, dict[str, Any]]]:
     """The HTTP paths, each through one client kept open across its calls (as a reward
-    function keeps its client): the warm-up call opens the connections.
+    function keeps its client): the warm-up call opens the connections. ``core``: only
+    ``/generate_batch`` and the concurrent ``/generate`` from aiohttp.
 
     The 64 concurrent ``/generate`` go out twice: from aiohttp, which sends them in ~0.3 ms of
     CPU each, and from httpx, whose pool scans every connection per request (~8 ms of CPU each
@@ -337,8 +358,9 @@ async def _http_paths(
         paths: list[tuple[str, Any, dict[str, Any]]] = [
             ("/generate_batch", batch, {}),
             (f"/generate x{n}", concurrent, {"profile": profile}),
-            (f"/generate x{n}, httpx client", concurrent_httpx, {}),
         ]
+        if not core:
+            paths.append((f"/generate x{n}, httpx client", concurrent_httpx, {}))
         paths += [
             (
                 f"/generate x{n}, batch wait {w * 1e3:g} ms, at most {m * 1e3:g}",
@@ -441,6 +463,12 @@ def main() -> None:
         "raw stacks per thread to this file",
     )
     ap.add_argument(
+        "--ingress-replicas",
+        default="",
+        help="more rows of /generate_batch and the concurrent /generate, the service deployed "
+        "again with each of these numbers of ingress replicas over the same engine, 'N,...'",
+    )
+    ap.add_argument(
         "--serve-mode",
         default="proxy",
         choices=("proxy", "throughput"),
@@ -465,6 +493,7 @@ def main() -> None:
     ]
     small = [int(k) for k in args.small_batches.split(",") if k]
     switch_intervals = [float(ms) / 1e3 for ms in args.switch_intervals.split(",") if ms]
+    replicas = [int(r) for r in args.ingress_replicas.split(",") if r]
     n = len(texts)
     calls = args.repeats + 1
     print(
@@ -480,7 +509,9 @@ def main() -> None:
         torch.cuda.empty_cache()
     rows = [
         *in_process,
-        *_service(spec, texts, args.repeats, waits, switch_intervals, args.profile_engine),
+        *_service(
+            spec, texts, args.repeats, waits, switch_intervals, args.profile_engine, replicas
+        ),
     ]
     print(
         "| path | judgments/s | ms per batch | vs in process | engine calls | packed prefills "
