@@ -112,6 +112,40 @@ async def test_requests_wait_in_fifo_past_the_inflight_limit_then_429() -> None:
     r.admit()  # room again
 
 
+async def test_a_replica_refuses_past_its_share_of_the_queue_naming_both_bounds() -> None:
+    spec = _spec("q", 1, max_queued_requests=3)
+    slot = EngineSlot(route_key="q", index=0, ref=EngineRef(), state="healthy")
+    r = InstanceRouter(
+        spec, [slot], inflight_limit=1, request_timeout_s=5.0, max_queued=2, engines_shared=True
+    )
+    held = await r.acquire()
+    waiting = [asyncio.ensure_future(r.acquire()) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(ServiceError) as info:
+        r.admit()
+    assert info.value.status == 429
+    assert "max_queued_requests=3 (2 per ingress replica)" in info.value.message
+    for w in waiting:
+        w.cancel()
+    r.release(held)
+
+
+async def test_with_shared_engines_the_engines_not_a_flag_say_asleep() -> None:
+    spec = _spec("q", 2)
+    slots = [EngineSlot(route_key="q", index=i, ref=EngineRef(), state="healthy") for i in (0, 1)]
+    r = InstanceRouter(spec, slots, inflight_limit=2, request_timeout_s=5.0, engines_shared=True)
+    r.asleep = True  # put to sleep through this replica: the engines refuse, not the router
+    r.admit()
+    r.release(await r.acquire())
+    r.engine_reports(slots[0], asleep=False)  # woken through another replica
+    assert not r.asleep
+    r.engine_reports(slots[0], asleep=True)
+    assert not r.asleep  # one engine asleep is not the instance
+    r.engine_reports(slots[1], asleep=True)
+    assert r.asleep
+    assert health_report({"q": r})[1]["instances"]["q"]["status"] == "asleep"
+
+
 async def test_no_healthy_engine_is_503_at_once_and_fails_the_waiters() -> None:
     r = _router(engines=1, limit=1)
     held = await r.acquire()

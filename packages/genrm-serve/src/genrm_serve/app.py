@@ -72,18 +72,17 @@ def build_app(
             raise GenRMConfigError(
                 f"instance key {key!r} != its spec's route_key {spec.route_key!r}"
             )
-    refs = normalize_engines(instances, engines)
-    if args.ingress_replicas > 1:
-        # The leader re-creates a dead engine under a name, for the other replicas to find.
-        refs = {
-            key: [
-                dataclasses.replace(r, create_name=engine_actor_name(args.app_name, key, i))
-                if r.recreatable and r.create_name is None
-                else r
-                for i, r in enumerate(items)
-            ]
-            for key, items in refs.items()
-        }
+    # An engine the service re-creates gets a name, as the ones it creates do: other ingress
+    # replicas find it by that name.
+    refs = {
+        key: [
+            dataclasses.replace(r, create_name=engine_actor_name(args.app_name, key, i))
+            if r.recreatable and r.create_name is None
+            else r
+            for i, r in enumerate(items)
+        ]
+        for key, items in normalize_engines(instances, engines).items()
+    }
     deployment = cast(Any, GenRMIngress).options(
         num_replicas=args.ingress_replicas,
         max_ongoing_requests=_max_ongoing(instances, args),

@@ -60,7 +60,7 @@ class EngineRef:
     name: str | None = None
     namespace: str | None = None
     placement: EnginePlacement | None = None
-    #: Name under which a re-created actor is registered (standalone mode).
+    #: Name under which a (re-)created actor is registered (``build_app`` gives one).
     create_name: str | None = None
     reattach: bool = False
 
@@ -159,7 +159,7 @@ def follower_refs(refs: Sequence[EngineRef]) -> list[EngineRef]:
     out = []
     for ref in refs:
         if ref.recreatable:
-            if ref.create_name is None:
+            if ref.create_name is None:  # build_app gives every re-creatable engine one
                 raise GenRMConfigError(
                     "a re-creatable engine needs a create_name when several ingress replicas "
                     "serve it (the others find the re-created actor by that name)"

@@ -103,18 +103,20 @@ class MetricsPublisher:
         self._handle: Any = None
         self._task: asyncio.Task[None] | None = None
 
-    def _hub(self, again: bool = False) -> Any:
+    async def _hub(self, again: bool = False) -> Any:
         # Owned by the replica that made it first; if that one goes, the next publish makes
-        # another, which every replica fills again within a period.
+        # another, which every replica fills again within a period. Finding or creating it is a
+        # GCS call: off the event loop.
         if self._handle is None or again:
-            self._handle = _HubActor.options(name=self.name, get_if_exists=True).remote()
+            options = _HubActor.options(name=self.name, get_if_exists=True)
+            self._handle = await asyncio.to_thread(options.remote)
         return self._handle
 
     async def _publish(self, text: bytes) -> list[bytes]:
         try:
-            texts: list[bytes] = await self._hub().publish.remote(self.rank, text)
+            texts: list[bytes] = await (await self._hub()).publish.remote(self.rank, text)
         except ray.exceptions.RayActorError:  # its owner went away: make it again
-            texts = await self._hub(again=True).publish.remote(self.rank, text)
+            texts = await (await self._hub(again=True)).publish.remote(self.rank, text)
         self._last = text
         return texts
 

@@ -148,8 +148,8 @@ class EngineSupervisor:
         if ref.handle is not None and slot.restarts == 0 and slot.failures_in_row == 0:
             slot.handle = ref.handle
         elif ref.name is not None and not ref.recreatable:
-            try:
-                slot.handle = ray.get_actor(ref.name, namespace=ref.namespace)
+            try:  # a GCS lookup: off the event loop that serves the requests
+                slot.handle = await asyncio.to_thread(ray.get_actor, ref.name, ref.namespace)
             except ValueError:  # no actor of that name (yet)
                 if not ref.reattach:
                     raise
@@ -213,7 +213,7 @@ class EngineSupervisor:
             return
         slot.failures_in_row = 0
         router.set_state(slot, "healthy", None)
-        router.engine_reports(slot, asleep=asleep is True)
+        router.engine_reports(slot, asleep=bool(asleep))
 
     async def _not_started(self, slot: EngineSlot) -> bool:
         """Whether the actor is up but fresh (Ray restarted it faster than a probe period)."""
