@@ -102,7 +102,8 @@ async def start(tiny_dir: Path) -> AsyncIterator[Any]:
 async def test_the_fake_loses_weights_on_resume_without_cpu_backup(tiny_dir: Path) -> None:
     def run() -> tuple[list[int], list[int]]:
         fake = FakeSGLangEngine(model_path=str(tiny_dir), context_length=CONTEXT,
-                                enable_memory_saver=True)  # fmt: skip
+                                enable_memory_saver=True,
+                                cuda_graph_backend_prefill="disabled")  # fmt: skip
         try:
             params = {"max_new_tokens": 3, "temperature": 0.0}
             before = fake.generate(input_ids=[11, 12, 13], sampling_params=params)["output_ids"]
@@ -163,11 +164,12 @@ async def test_sleep_gives_up_after_the_flush_deadline(
 async def test_limits_come_from_the_running_sglang(start: Any) -> None:
     engine, fake = await start()
     assert "get_server_info" in fake.calls
-    assert (engine.context_len, engine.prompt_limit) == (CONTEXT, CONTEXT - 6)
-    ok = await engine.generate([_req(CONTEXT - 6, max_response_len=100)])
-    # prompt + new tokens stay below context_len (tokenizer_manager refuses ==)
+    # max_req_input_len = CONTEXT - 6, and a prompt of that many tokens is aborted (0.5.17)
+    assert (engine.context_len, engine.prompt_limit) == (CONTEXT, CONTEXT - 7)
+    ok = await engine.generate([_req(CONTEXT - 7, max_response_len=100)])
+    # prompt + new tokens stay below context_len
     assert ok[0].finish_reason in {"stop", "length"} and ok[0].extra.get("abort") is None
-    for n in (CONTEXT - 5, CONTEXT - 1, CONTEXT):
+    for n in (CONTEXT - 6, CONTEXT - 1, CONTEXT):
         with pytest.raises(PromptTooLongError, match="max_req_input_len=58"):
             await engine.generate([_req(n)])
 
@@ -484,3 +486,151 @@ async def test_dp_size_without_dp_attention_is_refused(tiny_dir: Path) -> None:
     engine = SGLangEngine(_spec(tiny_dir, 4, dp_size=2), "judge/0", engine_cls=FakeSGLangEngine)
     with pytest.raises(EngineError, match="needs enable_dp_attention=true"):
         await engine.start()
+
+
+# -- 14. starts on SGLang's defaults: prefill graphs off only because the memory saver needs it --
+async def test_starts_where_sglang_s_breakable_prefill_graphs_refuse_the_memory_saver(
+    start: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 0.5.17's default prefill graphs ("breakable") kill the scheduler under the memory saver
+    with caplog.at_level(logging.INFO, logger="genrm_serve.engines.sglang_args"):
+        engine, fake = await start()
+    assert engine.state == "awake"
+    assert fake.server_args["cuda_graph_backend_prefill"] == "disabled"
+    assert "refuse the memory saver" in caplog.text  # we say why
+    # nothing else of SGLang's defaults is overridden: no log level, no backends
+    assert "log_level" not in fake.server_args and "attention_backend" not in fake.server_args
+
+
+async def test_a_user_s_prefill_choice_is_kept_and_breakable_refused_before_start(
+    start: Any, tiny_dir: Path
+) -> None:
+    _engine, fake = await start(server_args={"cuda_graph_backend_prefill": "tc_piecewise"})
+    assert fake.server_args["cuda_graph_backend_prefill"] == "tc_piecewise"
+    bad = SGLangEngine(
+        _spec(tiny_dir, server_args={"cuda_graph_backend_prefill": "breakable"}),
+        "judge/1",
+        engine_cls=FakeSGLangEngine,
+    )
+    with pytest.raises(EngineError, match=r"breakable.*memory saver"):
+        await bad.start()
+
+
+# -- 15. a scheduler that dies while loading: an EngineError with its traceback, the host lives ---
+class _DyingSGLang(FakeSGLangEngine):
+    fail_at_start = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB"
+
+
+async def test_a_scheduler_dying_at_start_is_an_engine_error_with_its_traceback(
+    tiny_dir: Path,
+) -> None:
+    engine = SGLangEngine(_spec(tiny_dir), "judge/0", engine_cls=_DyingSGLang)
+    with pytest.raises(EngineError) as info:
+        await engine.start()
+    text = str(info.value)
+    assert "did not start" in text and "scheduler died during initialization" in text
+    assert "CUDA out of memory. Tried to allocate 20.00 GiB" in text  # SGLang's own line
+    assert engine.state == "failed"
+    # this process survived the child's SIGQUIT, and its stderr is its own again
+    print("stderr still works", file=sys.stderr)
+
+
+def test_the_same_in_a_plain_process_off_the_main_thread(tiny_dir: Path) -> None:
+    """A plain script that starts the engine off the main thread (as a Ray async actor does):
+    SIGQUIT is ignored there, and the error still carries the child's last lines."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, threading
+        from genrm_serve.config import EngineConfig, InstanceSpec
+        from genrm_serve.engines.base import EngineError
+        from genrm_serve.engines.sglang import SGLangEngine
+        from genrm_serve.testing import FakeSGLangEngine
+
+        class Dying(FakeSGLangEngine):
+            fail_at_start = "RuntimeError: the scheduler refused this config"
+
+        spec = InstanceSpec(route_key="j", model_path={str(tiny_dir)!r}, num_gpus=1,
+                            engine="sglang", engine_config=EngineConfig(max_context_len=64))
+        result = []
+        def run():
+            try:
+                asyncio.run(SGLangEngine(spec, "j/0", engine_cls=Dying).start())
+            except EngineError as err:
+                result.append(str(err))
+        t = threading.Thread(target=run); t.start(); t.join()
+        assert "the scheduler refused this config" in result[0], result
+        print("ALIVE")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ALIVE" in out.stdout
+
+
+# -- 16. server arguments pass through, checked before the model loads ---------------------------
+async def test_server_args_reach_sglang(start: Any) -> None:
+    args = {
+        "attention_backend": "triton",
+        "sampling_backend": "pytorch",
+        "chunked_prefill_size": 512,
+    }
+    _engine, fake = await start(server_args=args)
+    assert {k: fake.server_args[k] for k in args} == args
+
+
+async def test_an_unknown_server_arg_is_refused_with_its_closest_matches(tiny_dir: Path) -> None:
+    engine = SGLangEngine(
+        _spec(tiny_dir, server_args={"attention_backnd": "triton"}),
+        "judge/0",
+        engine_cls=FakeSGLangEngine,
+    )
+    with pytest.raises(EngineError, match="'attention_backnd' \\(closest: attention_backend"):
+        await engine.start()
+    assert engine.sgl is None  # refused before SGLang was built
+
+
+def test_a_server_arg_we_own_is_refused_naming_our_setting() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"'mem_fraction_static'.*engine_config.mem_fraction"):
+        EngineConfig(server_args={"mem_fraction_static": 0.5})
+    with pytest.raises(ValidationError, match=r"'tp_size'.*num_gpus_per_engine"):
+        EngineConfig(server_args={"tp_size": 2})
+
+
+# -- 17. the worker hands SGLang every batch as it forms (continuous batching) -------------------
+async def test_the_worker_does_not_wait_for_sglang_s_previous_batch(tiny_dir: Path) -> None:
+    spec = _spec(tiny_dir, max_batch_size=2)
+    engine = SGLangEngine(spec, "judge/0", engine_cls=FakeSGLangEngine)
+    worker = EngineWorker(spec, 0, engine=engine, batch_wait_s=0.0)
+    await worker.start()
+    fake = engine.sgl
+    try:
+        fake.gate = asyncio.Event()
+        calls = [
+            asyncio.ensure_future(worker.generate_many([_req(5 + i), _req(9 + i)]))
+            for i in range(4)
+        ]
+        for _ in range(500):
+            if fake.in_flight >= 8:
+                break
+            await asyncio.sleep(0.02)
+        seen = fake.in_flight  # four batches of two, all at SGLang at once
+        assert (await worker.stats())["in_flight"] == 8
+        fake.loop.call_soon_threadsafe(fake.gate.set)
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 20)
+        assert seen == 8 and all(len(o) == 2 for o in outs)
+        # sleep waits for batches in flight, then releases
+        fake.gate = asyncio.Event()
+        pending = asyncio.ensure_future(worker.generate(_req(7)))
+        await asyncio.sleep(0.2)
+        sleeping = asyncio.ensure_future(worker.sleep())
+        await asyncio.sleep(0.2)
+        assert not sleeping.done() and "release_memory_occupation" not in fake.calls
+        fake.loop.call_soon_threadsafe(fake.gate.set)
+        await asyncio.wait_for(asyncio.gather(pending, sleeping), 20)
+        assert engine.state == "asleep"
+    finally:
+        await worker.shutdown()

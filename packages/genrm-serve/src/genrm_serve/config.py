@@ -15,7 +15,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from genrm_client.types import DEFAULT_ROUTE_KEY, SamplingParams
 
@@ -93,6 +100,19 @@ class EngineConfig(BaseModel):
     #: Python interpreter of the engine actors (Ray ``runtime_env.py_executable``): an SGLang
     #: environment beside the driver's, since SGLang pins its own torch. None = the driver's.
     python_executable: str | None = Field(default=None, min_length=1)
+    #: sglang: more ``sgl.Engine`` server arguments, passed as given (attention backend, CUDA
+    #: graphs, chunked prefill …). Keys GenRM sets itself are refused here, naming our setting;
+    #: keys the installed SGLang does not know are refused when the engine starts, before the
+    #: model loads (``engines/sglang_args.py``).
+    server_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("server_args")
+    @classmethod
+    def _server_args_not_ours(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from genrm_serve.engines.sglang_args import check_owned_server_args
+
+        check_owned_server_args("engine_config", value)
+        return value
 
     @model_validator(mode="after")
     def _waits_ordered(self) -> EngineConfig:

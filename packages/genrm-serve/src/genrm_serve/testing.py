@@ -281,10 +281,23 @@ def build_tiny_model(
     return out
 
 
-def _fake_scheduler_process() -> None:
-    """The fake's stand-in for SGLang's scheduler child: sleeps until killed."""
+def _fake_scheduler_process(failure: str | None = None) -> None:
+    """The fake's stand-in for SGLang's scheduler child: sleeps until killed, or fails as
+    SGLang's does (``scheduler.py run_scheduler_process``): prints the traceback to its stderr,
+    sends SIGQUIT to its parent, exits 1."""
+    import os
+    import signal
+    import sys
     import time
 
+    if failure is not None:
+        print("Traceback (most recent call last):", file=sys.stderr)
+        print(
+            '  File "sglang/srt/managers/scheduler.py", in run_scheduler_process', file=sys.stderr
+        )
+        print(failure, file=sys.stderr, flush=True)
+        os.kill(os.getppid(), signal.SIGQUIT)
+        sys.exit(1)
     time.sleep(3600)
 
 
@@ -307,10 +320,13 @@ class FakeSGLangEngine:
     were in flight together.
     """
 
-    #: Server arguments the fake accepts (``server_args.py: ServerArgs`` fields we use).
-    KNOWN_ARGS = frozenset(
+    #: ``ServerArgs`` fields the fake knows (``server_args.py``, 0.5.17): those we set, and the
+    #: ones the tests pass through ``engine_config.server_args``. The engine checks a user's keys
+    #: against this set as it checks them against the real ``ServerArgs``.
+    SERVER_ARG_FIELDS = frozenset(
         {
             "model_path",
+            "tokenizer_path",
             "tp_size",
             "pp_size",
             "dp_size",
@@ -329,8 +345,22 @@ class FakeSGLangEngine:
             "nnodes",
             "node_rank",
             "dist_init_addr",
+            "attention_backend",
+            "sampling_backend",
+            "load_format",
+            "chunked_prefill_size",
+            "max_running_requests",
+            "disable_radix_cache",
+            "cuda_graph_config",
+            "cuda_graph_backend_prefill",
+            "cuda_graph_backend_decode",
+            "cuda_graph_max_bs_decode",
+            "disable_prefill_cuda_graph",
+            "disable_cuda_graph",
         }
     )
+    #: Set (tests) to make the scheduler fail while the model loads, with this exception text.
+    fail_at_start: str | None = None
     visible_gpus = 8
     max_total_num_tokens = 1 << 20
     #: One scheduler step (seconds).
@@ -343,13 +373,14 @@ class FakeSGLangEngine:
         import os
 
         # SGLang: server_args.py ServerArgs(**kwargs) rejects unknown fields.
-        unknown = sorted(set(server_args) - self.KNOWN_ARGS)
+        unknown = sorted(set(server_args) - self.SERVER_ARG_FIELDS)
         if unknown:
             raise TypeError(f"FakeSGLangEngine: unknown server argument(s) {unknown}")
         if "model_path" not in server_args:
             raise TypeError("FakeSGLangEngine: model_path is required")
-        # SGLang: entrypoints/engine.py Engine.__init__ -- log_level defaults to "error".
-        args: dict[str, Any] = {"log_level": "error", "base_gpu_id": 0, "gpu_id_step": 1}
+        # SGLang: server_args.py -- log_level "info"; prefill CUDA graphs "breakable" on CUDA.
+        args: dict[str, Any] = {"log_level": "info", "base_gpu_id": 0, "gpu_id_step": 1}
+        args["cuda_graph_backend_prefill"] = "breakable"
         args.update(nnodes=1, node_rank=0, dist_init_addr=None, dp_size=1, pp_size=1)
         args.update(server_args)
         self.server_args = dict(server_args)
@@ -384,7 +415,6 @@ class FakeSGLangEngine:
         # SGLang: model_runner / torch_memory_saver_adapter -- CUDA graphs are captured inside
         # the memory saver's "cuda_graph" region only with SGLANG_MEMORY_SAVER_CUDA_GRAPH=true;
         # otherwise releasing that tag frees nothing.
-        self.graphs_releasable = os.environ.get("SGLANG_MEMORY_SAVER_CUDA_GRAPH") == "true"
         self.gpu_memory = {"weights": 100, "kv_cache": 300, "cuda_graph": 20}
         self.offload_tags: set[str] = set()
         self.weights_valid = True
@@ -396,10 +426,35 @@ class FakeSGLangEngine:
         self.hang = False
         self.dead = False
         # SGLang: the scheduler is a child process (multiprocessing, spawn).
+        self.graphs_releasable = os.environ.get("SGLANG_MEMORY_SAVER_CUDA_GRAPH") == "true"
+        # SGLang: runner_backend/breakable_cuda_graph_backend.py (seen on 0.5.17) -- breakable
+        # prefill graphs raise NotImplementedError with the memory saver when CUDA graphs are in
+        # it; the scheduler dies of it while loading (run_scheduler_process: logs the traceback,
+        # SIGQUITs its parent).
+        failure = self.fail_at_start
+        if (
+            args.get("enable_memory_saver")
+            and self.graphs_releasable
+            and args["cuda_graph_backend_prefill"] == "breakable"
+            and not args.get("disable_prefill_cuda_graph")
+        ):
+            failure = (
+                "NotImplementedError: Breakable CUDA graph is not compatible with memory saver mode"
+            )
         self.scheduler = multiprocessing.get_context("spawn").Process(
-            target=_fake_scheduler_process, name="fake-sglang-scheduler", daemon=True
+            target=_fake_scheduler_process,
+            args=(failure,),
+            name="fake-sglang-scheduler",
+            daemon=True,
         )
         self.scheduler.start()
+        if failure is not None:
+            # SGLang: engine.py _wait_for_scheduler_ready / _scheduler_died_error.
+            self.scheduler.join(30)
+            raise RuntimeError(
+                "Rank 0 scheduler died during initialization "
+                f"(exit code: {self.scheduler.exitcode})."
+            )
         # SGLang: engine.py Engine.__init__ -- adopt the running loop, else a new one.
         try:
             self.loop = asyncio.get_running_loop()
@@ -455,7 +510,7 @@ class FakeSGLangEngine:
                 f"size ({vocab})."
             )
         max_new = p.get("max_new_tokens", 128)
-        if max_new is not None and max_new + n_in >= self.context_len:
+        if max_new is not None and max_new + n_in > self.context_len:
             raise ValueError(
                 "Requested token count exceeds the model's maximum context length of "
                 f"{self.context_len} tokens."
@@ -479,8 +534,9 @@ class FakeSGLangEngine:
             if self.hang:
                 await asyncio.Event().wait()  # never set: a hung scheduler
             await asyncio.sleep(0)
-            # SGLang: scheduler.py validate_input_length -- over max_req_input_len is aborted.
-            if n_in > self.max_req_input_len:
+            # SGLang: managers/utils.py validate_input_length -- a prompt of max_req_input_len
+            # tokens or more is aborted (seen on 0.5.17: 250 refused at 250).
+            if n_in >= self.max_req_input_len:
                 return {
                     "text": "",
                     "output_ids": [],

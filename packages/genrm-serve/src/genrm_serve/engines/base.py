@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from genrm_client.types import FinishReason, Message, SamplingParams
 from genrm_serve.config import InstanceSpec
@@ -115,6 +115,11 @@ class EngineOutput:
 
 class Engine(abc.ABC):
     """A model that turns batches of requests into outputs, and can free / restore its memory."""
+
+    #: The engine schedules requests itself (continuous batching: SGLang): its worker hands it
+    #: every batch as it forms, without waiting for the one before to finish. An engine that
+    #: computes one batch at a time (hf) leaves False.
+    continuous_batching: ClassVar[bool] = False
 
     def __init__(self, spec: InstanceSpec, engine_id: str) -> None:
         self.spec = spec

@@ -28,10 +28,19 @@ Behaviours taken from SGLang's source (each is a test in ``tests/test_engine_sgl
   memory saver only with ``SGLANG_MEMORY_SAVER_CUDA_GRAPH=true``,
   ``utils/torch_memory_saver_adapter.py``, as slime sets it).
 - Context limits come from ``get_server_info()`` after start: SGLang refuses a prompt
-  ``>= context_len`` and prompt + ``max_new_tokens >= context_len`` with a ``ValueError``
-  (``tokenizer_manager._validate_one_request``), and its scheduler aborts a prompt over
-  ``max_req_input_len = max_req_len - 5`` (``managers/scheduler.py``). We refuse both per
-  request as :class:`PromptTooLongError` (HTTP 413) and cap ``max_new_tokens``.
+  ``>= context_len`` and prompt + ``max_new_tokens > context_len`` with a ``ValueError``
+  (``tokenizer_manager._validate_one_request``), and its scheduler aborts a prompt of
+  ``max_req_input_len = max_req_len - 5`` tokens *or more* (``managers/utils.py:
+  validate_input_length``; seen on 0.5.17). We refuse both per request as
+  :class:`PromptTooLongError` (HTTP 413) and cap ``max_new_tokens``.
+- Start-up: SGLang's defaults, except where our settings forbid one (``sglang_args.py``: the
+  breakable prefill CUDA graphs of 0.5.17 refuse the memory saver, so prefill graphs go off,
+  logged), then ``engine_config.server_args`` as given, unknown keys refused before the model
+  loads. A scheduler that dies while loading SIGQUITs this process: the guard is installed
+  before SGLang starts, and the :class:`EngineError` carries the last lines SGLang's processes
+  wrote to stderr (``output_tail.py``), where its traceback is.
+- Weights from a trainer on the same GPU: its CUDA IPC buckets go to SGLang's scheduler
+  unopened (``sglang_weights.py``).
 - Any other per-request SGLang error stays with its request (:class:`EngineBatchError`).
 - ``top_k <= 0`` is sent as -1 (SGLang raises on 0: ``sampling/sampling_params.py: verify``).
 - A request's ``seed`` is SGLang's ``sampling_seed``, honoured only with
@@ -85,7 +94,13 @@ from genrm_serve.engines.base import (
     EngineRequest,
     PromptTooLongError,
 )
+from genrm_serve.engines.output_tail import OutputTail
 from genrm_serve.engines.prompts import PromptEncoder
+from genrm_serve.engines.sglang_args import (
+    check_known_server_args,
+    prefill_graph_args,
+    server_arg_fields,
+)
 
 __all__ = [
     "ENGINE_ENV",
@@ -225,7 +240,10 @@ def sglang_engine_kwargs(
         "context_length": cfg.max_context_len,
         "enable_memory_saver": True,
         "enable_weights_cpu_backup": True,
-        "log_level": "error",
+        # "auto" is bf16 on a GPU, as the hf engine reads it: SGLang's own "auto" loads a
+        # float32 checkpoint as float16 (configs/model_config.py, seen on 0.5.17), and two
+        # engines of one instance kind must compute alike.
+        "dtype": "bfloat16" if cfg.dtype == "auto" else cfg.dtype,
     }
     if cfg.enable_dp_attention:
         kwargs["enable_dp_attention"] = True
@@ -233,8 +251,6 @@ def sglang_engine_kwargs(
         kwargs["enable_deterministic_inference"] = True
     if cfg.mem_fraction_static is not None:
         kwargs["mem_fraction_static"] = cfg.mem_fraction_static
-    if cfg.dtype != "auto":
-        kwargs["dtype"] = cfg.dtype
     if seed is not None:
         kwargs["random_seed"] = seed
     return kwargs
@@ -452,6 +468,8 @@ class SGLangEngine(Engine):
     worker_kwargs={"engine": SGLangEngine(spec, id, placement=...)})``.
     """
 
+    continuous_batching = True
+
     def __init__(
         self,
         spec: InstanceSpec,
@@ -475,6 +493,8 @@ class SGLangEngine(Engine):
         self.limits_why = f"max_context_len={spec.engine_config.max_context_len}"
         self.failure: str | None = None
         self._children: list[Any] = []
+        #: what SGLang's processes last wrote to stderr (for the errors of a failed child)
+        self._stderr_tail: OutputTail | None = None
         self._pending: set[concurrent.futures.Future[Any]] = set()
         self._last_output = 0.0
         self._control: asyncio.Lock | None = None
@@ -492,21 +512,12 @@ class SGLangEngine(Engine):
 
         engine_cls = self._engine_cls or import_sglang_engine()
         cfg = self.spec.engine_config
-        ids = _assigned_gpus()
         model_dir = resolve_model_path(self.spec.model_path)
-        args = sglang_engine_kwargs(self.spec, model_path=str(model_dir))
-        gpus_on_node = self.spec.num_gpus_per_engine // (
-            self.placement.nnodes if self.placement else 1
-        )
-        noset = os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES") == "1"
-        args.update(
-            device_kwargs(max(1, gpus_on_node), ids, sees_all_gpus=noset, placement=self.placement)
-        )
-        self.server_args = args
-        self.prompts = await asyncio.to_thread(PromptEncoder.load, model_dir, cfg.max_context_len)
         for key, value in ENGINE_ENV.items():
             if key.startswith("SGLANG_"):
                 os.environ.setdefault(key, value)  # read by SGLang's children at spawn
+        self.server_args = self._server_args(engine_cls, str(model_dir))
+        self.prompts = await asyncio.to_thread(PromptEncoder.load, model_dir, cfg.max_context_len)
         if self.is_follower:
             # engine.py _launch_subprocesses: a node_rank >= 1 blocks until its schedulers exit
             # unless this is "0"; the Python API then returns without a tokenizer.
@@ -515,17 +526,28 @@ class SGLangEngine(Engine):
         before = set(multiprocessing.active_children())
         root = logging.getLogger()
         saved_handlers, saved_level = list(root.handlers), root.level
+        # Before SGLang starts: a scheduler that dies while loading SIGQUITs this process, and
+        # what it printed (its traceback) is what the error must carry.
+        self._install_sigquit_guard()
+        self._stderr_tail = OutputTail.install()
         self._thread = _EngineThread(f"sglang-{self.engine_id}")
         try:
             self.sgl = await asyncio.wrap_future(
                 self._thread.start(lambda: engine_cls(**self.server_args))
             )
+        except Exception as err:
+            self.state = "failed"
+            self._thread.stop()
+            raise EngineError(
+                f"engine {self.engine_id}: SGLang did not start: {type(err).__name__}: {err}"
+                + self._stderr_tail.describe(settle_s=0.5)
+            ) from err
         finally:
+            self._stderr_tail.release_parent()
             # utils.configure_logger: logging.basicConfig(force=True) replaced our handlers.
             root.handlers[:] = saved_handlers
             root.setLevel(saved_level)
         self._children = [p for p in multiprocessing.active_children() if p not in before]
-        self._install_sigquit_guard()
         if not self.is_follower:
             await self._read_limits()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch_children())
@@ -538,6 +560,33 @@ class SGLangEngine(Engine):
             self.limits_why,
         )
 
+    def _server_args(self, engine_cls: Any, model_path: str) -> dict[str, Any]:
+        """Ours, then what our settings force on SGLang's defaults, then the user's
+        ``engine_config.server_args`` (checked against the installed SGLang first)."""
+        args = sglang_engine_kwargs(self.spec, model_path=model_path)
+        gpus_on_node = self.spec.num_gpus_per_engine // (
+            self.placement.nnodes if self.placement else 1
+        )
+        noset = os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES") == "1"
+        args.update(
+            device_kwargs(
+                max(1, gpus_on_node),
+                _assigned_gpus(),
+                sees_all_gpus=noset,
+                placement=self.placement,
+            )
+        )
+        user = dict(self.spec.engine_config.server_args)
+        fields = server_arg_fields(engine_cls)
+        graphs_saved = os.environ.get("SGLANG_MEMORY_SAVER_CUDA_GRAPH") == "true"
+        where = f"engine {self.engine_id}"
+        try:
+            check_known_server_args(where, user, fields)
+            forced = prefill_graph_args(user, fields, graphs_in_memory_saver=graphs_saved)
+        except ValueError as err:
+            raise EngineError(str(err)) from None
+        return {**args, **forced, **user}
+
     async def _read_limits(self) -> None:
         assert self._thread is not None
         info: dict[str, Any] = await self._thread.call(self.sgl.get_server_info)
@@ -545,9 +594,11 @@ class SGLangEngine(Engine):
         limit = context_len - 1  # tokenizer_manager: a prompt >= context_len is refused
         why = f"context_len={context_len}"
         max_input = info.get("max_req_input_len")
-        if max_input is not None and int(max_input) < limit:
-            limit = int(max_input)
-            why += f", max_req_input_len={limit}"
+        # scheduler.py / managers/utils.py validate_input_length: a prompt >= max_req_input_len
+        # is aborted (seen on 0.5.17: 250 tokens refused at max_req_input_len=250)
+        if max_input is not None and int(max_input) - 1 < limit:
+            limit = int(max_input) - 1
+            why += f", max_req_input_len={int(max_input)}"
         self.context_len, self.prompt_limit, self.limits_why = context_len, limit, why
 
     def _install_sigquit_guard(self) -> None:
@@ -562,6 +613,8 @@ class SGLangEngine(Engine):
 
     def _fail(self, why: str) -> None:
         if self.failure is None:
+            if self._stderr_tail is not None:
+                why += self._stderr_tail.describe()
             self.failure = why
             logger.error("engine %s failed: %s", self.engine_id, why)
         self.state = "failed"
@@ -786,6 +839,34 @@ class SGLangEngine(Engine):
             )
         _raise_unless_success(self.engine_id, "update_weights_from_tensor", result)
         self.weight_version = version
+
+    async def update_weights_from_ipc(
+        self, buckets: list[tuple[Any, Any]], version: int, done: bool = True
+    ) -> None:
+        """Flat bf16 buckets a trainer on this GPU shares through CUDA IPC, each mapped by
+        SGLang's scheduler itself (``sglang_weights.py``); the KV cache is flushed with the
+        sync's last bucket. As the hf engine's: a sync may come in several calls, and the weight
+        version moves with the one marked ``done``."""
+        from genrm_serve.engines.sglang_weights import flattened_bucket_payload
+
+        sgl = self._awake("update weights")
+        self._check_version(version)
+        assert self._thread is not None and self._control is not None
+        tp = int(self.server_args.get("tp_size", 1))
+        payloads = [flattened_bucket_payload(meta, handle) for meta, handle in buckets]
+
+        def load(payload: bytes, flush: bool) -> Callable[[], Any]:
+            return lambda: sgl.update_weights_from_tensor(
+                named_tensors=[payload] * tp, load_format="flattened_bucket", flush_cache=flush
+            )
+
+        async with self._control:
+            for i, payload in enumerate(payloads):
+                flush = done and i == len(payloads) - 1
+                result = await self._thread.call(load(payload, flush))
+                _raise_unless_success(self.engine_id, "update_weights_from_tensor", result)
+        if done:
+            self.weight_version = version
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Load a checkpoint folder in place (elastic / disaggregated refit)."""

@@ -337,7 +337,11 @@ def ipc_handle(tensor: torch.Tensor) -> tuple[Any, tuple[Any, ...]]:
     from torch.multiprocessing.reductions import reduce_tensor
 
     rebuild, args = reduce_tensor(tensor)  # type: ignore[no-untyped-call]
-    return rebuild, tuple(args)
+    shared = list(args)
+    # The GPU by UUID, not by this process's index: the receiver may number GPUs otherwise
+    # (an SGLang engine sees every GPU of the node); open_ipc_handle puts its own index here.
+    shared[_IPC_DEVICE_ARG] = str(torch.cuda.get_device_properties(tensor.device).uuid)
+    return rebuild, tuple(shared)
 
 
 def open_ipc_handle(handle: tuple[Any, tuple[Any, ...]], device: int | None = None) -> torch.Tensor:

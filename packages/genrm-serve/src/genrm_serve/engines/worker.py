@@ -4,12 +4,15 @@ A judge request is prefill-bound (a long prompt, one or two output tokens), so t
 from putting concurrent requests into one forward pass. Callers send single requests or lists
 (``generate_many``: the rewards send a GRPO group's requests as one list); this actor queues each
 call as one unit and hands the engine batches of whole units, up to
-``engine_config.max_batch_size`` requests, one batch at a time — so the samples of a group meet
-in one engine batch and share their prompt prefix there (a unit larger than the limit goes alone;
-the engine splits it between groups). One batch runs at a time, while the event loop stays
-free for health probes and stats (engines run their compute
-off the loop). It is a plain Ray actor, not a Serve replica, so rl-core can place it into a
-placement-group bundle of its plan (:func:`create_engine_worker`).
+``engine_config.max_batch_size`` requests — so the samples of a group meet in one engine batch
+and share their prompt prefix there (a unit larger than the limit goes alone; the engine splits
+it between groups). An engine that computes one batch at a time (hf) gets one batch at a time; an
+engine that schedules requests itself (SGLang's continuous batching,
+``Engine.continuous_batching``) gets each batch as it forms, so every request in flight reaches
+it. The event loop stays free for health probes and stats (engines run their compute off the
+loop); sleep and weight updates wait for the batches in flight. It is a plain Ray actor, not a
+Serve replica, so rl-core can place it into a placement-group bundle of its plan
+(:func:`create_engine_worker`).
 """
 
 from __future__ import annotations
@@ -111,6 +114,8 @@ class EngineWorker:
         self._carry: _Unit | None = None
         self._queued = 0
         self._loop_task: asyncio.Task[None] | None = None
+        #: a continuous engine's batches in flight (each a task)
+        self._running: set[asyncio.Task[None]] = set()
         self._lock: asyncio.Lock | None = None
         self._accepting = False
         self._in_flight = 0
@@ -172,6 +177,7 @@ class EngineWorker:
             await asyncio.wait_for(self._queue.join(), drain_timeout_s)
         async with self._lock:
             self._fail_queued(EngineAsleepError(f"engine {self.engine_id} went to sleep"))
+            await self._quiesce()
             await engine.sleep()
 
     async def wake(self) -> None:
@@ -187,6 +193,7 @@ class EngineWorker:
         engine = self._engine()
         assert self._lock is not None
         async with self._lock:
+            await self._quiesce()
             await engine.update_weights(state_dict, version)
         return engine.weight_version
 
@@ -198,6 +205,7 @@ class EngineWorker:
         engine = self._engine()
         assert self._lock is not None
         async with self._lock:
+            await self._quiesce()
             await self._weights_method(engine, "update_weights_from_ipc")(buckets, version, done)
         return engine.weight_version
 
@@ -215,6 +223,7 @@ class EngineWorker:
         engine = self._engine()
         assert self._lock is not None
         async with self._lock:
+            await self._quiesce()
             await self._weights_method(engine, "update_weights_from_broadcast")(buckets, version)
         return engine.weight_version
 
@@ -309,6 +318,9 @@ class EngineWorker:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._loop_task
+        for task in list(self._running):
+            task.cancel()
+        await self._quiesce()
         self._fail_queued(EngineError(f"engine {self.engine_id} shut down"))
         if self.engine is not None:
             await self.engine.shutdown()
@@ -420,21 +432,42 @@ class EngineWorker:
 
     async def _batch_loop(self) -> None:
         assert self._lock is not None and self._queue is not None
+        continuous = self._engine().continuous_batching
         while True:
             units = await self._next_batch()
             # callers that gave up are skipped
             live = [p for unit in units for p in unit if not p.future.done()]
+            if live and continuous:
+                async with self._lock:  # not while a sleep or a weight update holds it
+                    task = asyncio.get_running_loop().create_task(self._run_counted(units, live))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+                continue
             try:
                 if live:
                     async with self._lock:
-                        self._in_flight = len(live)
-                        try:
-                            await self._run(live)
-                        finally:
-                            self._in_flight = 0
+                        await self._run_counted([], live)
             finally:
                 for _ in units:
                     self._queue.task_done()
+
+    async def _run_counted(self, units: list[_Unit], live: list[_Pending]) -> None:
+        """One batch, counted in flight; ``units`` are marked done after it (a continuous
+        engine's batches run as tasks: ``sleep`` joins the queue, so it waits for them)."""
+        self._in_flight += len(live)
+        try:
+            await self._run(live)
+        finally:
+            self._in_flight -= len(live)
+            for _ in units:
+                assert self._queue is not None
+                self._queue.task_done()
+
+    async def _quiesce(self) -> None:
+        """Wait for a continuous engine's batches in flight (the caller holds ``_lock``, so no
+        new one starts): sleep and weight updates run on an idle engine."""
+        if self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
 
     async def _run(self, batch: list[_Pending]) -> None:
         engine = self._engine()
