@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import UnionType
@@ -37,6 +38,7 @@ from rl_core.placement import (
     layout_request_from_args,
     plan_layout,
 )
+from rl_core.placement.sglang_flags import pop_sglang_overrides
 
 #: The embedded Gemma 3 270M (genrm-serve's cached safetensors copy), for policy or judge.
 EMBEDDED_MODEL = "embedded:gemma3-270m"
@@ -440,6 +442,11 @@ def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
     A wrong layout is caught here, before any model loads or Ray starts.
     """
     parser = build_parser()
+    known = {opt for action in parser._actions for opt in action.option_strings}
+    try:
+        argv, overrides = pop_sglang_overrides(sys.argv[1:] if argv is None else argv, known)
+    except PlacementError as err:
+        raise ConfigError(str(err)) from err
     first, _ = parser.parse_known_args(argv)
     defaults: dict[str, Any] = {}
     if first.preset:
@@ -447,7 +454,9 @@ def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
     if first.config:
         defaults.update(_file_values(first.config, parser))
     parser.set_defaults(**defaults)
-    return config_from_namespace(parser.parse_args(argv))
+    ns = parser.parse_args(argv)
+    ns.sglang_overrides = overrides
+    return config_from_namespace(ns)
 
 
 def build_config(**values: Any) -> TrainConfig:

@@ -180,6 +180,11 @@ def resolve_rollout_engine(cfg: TrainConfig) -> str:
     if kind == "auto":
         kind = "sglang" if cfg.device != "cpu" and importlib.util.find_spec("sglang") else "hf"
     per_engine = cfg.layout.rollout_num_gpus_per_engine
+    if kind == "hf" and cfg.layout.rollout_server_args:
+        raise PlacementError(
+            f"--sglang-config / --sglang-* {sorted(cfg.layout.rollout_server_args)}: SGLang "
+            "server arguments, but the rollout engine is hf (--rollout-engine sglang, or drop them)"
+        )
     if kind == "hf" and per_engine > 1:
         raise PlacementError(
             f"--rollout-num-gpus-per-engine {per_engine}: SGLang is not installed here, and the "
@@ -226,6 +231,7 @@ def rollout_spec(cfg: TrainConfig, policy_path: str, engine: str) -> InstanceSpe
         engine_config=EngineConfig(
             max_batch_size=max(cfg.n_samples_per_prompt, 1) * 4,
             max_context_len=(cfg.rollout_max_prompt_len or 4096) + cfg.rollout_max_response_len,
+            server_args=cfg.layout.rollout_server_args if engine == "sglang" else {},
         ),
     )
     return _engine_spec(

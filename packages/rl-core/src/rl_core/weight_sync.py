@@ -1,6 +1,7 @@
 """How the policy's weights reach the rollout engines after a step, chosen from the plan.
 
-- ``ipc`` — colocate on GPUs, hf rollout engines, each engine on a bundle of an actor rank: flat
+- ``ipc`` — colocate on GPUs, hf or SGLang rollout engines, each engine on a bundle of an actor
+  rank (SGLang's scheduler maps the buckets itself, ``genrm_serve/engines/sglang_weights.py``): flat
   bf16 buckets on the GPU, shared through CUDA IPC by the actor rank on the engine's GPU, one
   bucket at a time (extra device memory: one bucket).
 - ``broadcast`` — fully-async on GPUs, hf rollout engines: flat bf16 buckets broadcast from actor
@@ -50,10 +51,11 @@ def colocated_ranks(plan: Any) -> list[int] | None:
 
 def choose_weight_sync(plan: Any, *, use_gpus: bool, device: str, engine: str) -> SyncPath:
     """The path of :func:`make_weight_sync` for this plan (the list in the module docstring)."""
-    if not use_gpus or device == "cpu" or engine != "hf":
+    if not use_gpus or device == "cpu" or engine not in ("hf", "sglang"):
         return "object_store"
     if plan.phases_overlap:
-        return "broadcast"
+        # SGLang joins a NCCL group its own way (init_weights_update_group); not wired yet
+        return "broadcast" if engine == "hf" else "object_store"
     if colocated_ranks(plan) is not None:
         return "ipc"
     return "object_store"

@@ -23,6 +23,7 @@ from rl_core.placement.plan import (
     RoleResource,
     plan_layout,
 )
+from rl_core.placement.sglang_flags import rollout_server_args
 
 __all__ = [
     "add_placement_args",
@@ -87,6 +88,12 @@ def add_placement_args(parser: argparse.ArgumentParser, *, genrm: bool = True) -
         type=float,
         default=_default("rollout_mem_fraction_static"),
         help="rollout engines' memory fraction per GPU (required in colocate-shared)",
+    )
+    g.add_argument(
+        "--sglang-config",
+        default=None,
+        help="YAML / JSON mapping of SGLang server arguments for the rollout engines; "
+        "--sglang-KEY VALUE overrides one (e.g. --sglang-attention-backend triton)",
     )
     g.add_argument(
         "--num-gpus-per-node",
@@ -207,6 +214,9 @@ def layout_request_from_args(args: argparse.Namespace) -> LayoutRequest:
             f"--sglang-mem-fraction-static {frac}: must be between 0 and 1 (exclusive)"
         )
     return LayoutRequest(
+        rollout_server_args=rollout_server_args(
+            args.sglang_config, getattr(args, "sglang_overrides", None)
+        ),
         resource=resource,
         colocate=args.colocate,
         fully_async=args.fully_async,

@@ -14,6 +14,7 @@ import sys
 from rl_core.placement.args import add_placement_args, plan_from_args
 from rl_core.placement.errors import PlacementError
 from rl_core.placement.render import render_plan
+from rl_core.placement.sglang_flags import pop_sglang_overrides
 
 __all__ = ["ACCEPTS_UNKNOWN_FLAGS", "configure", "run"]
 
@@ -28,7 +29,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    unknown = getattr(args, "unknown_flags", [])
+    try:  # what the parser left over: a --sglang-* flag there is an SGLang server argument
+        unknown, args.sglang_overrides = pop_sglang_overrides(
+            getattr(args, "unknown_flags", []), known=()
+        )
+    except PlacementError as err:
+        print(f"rl-core plan: error: {err}", file=sys.stderr)
+        return 2
     if unknown:
         print(
             "rl-core plan: ignoring arguments that are not about placement: " + " ".join(unknown),

@@ -34,7 +34,7 @@ engines are one process and never span nodes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -133,6 +133,8 @@ class LayoutRequest(_Frozen):
     #: the rollout engine kind: ``auto`` = SGLang where it is installed on a GPU machine, else hf.
     rollout_engine: Literal["auto", "hf", "sglang"] = "auto"
     rollout_mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
+    #: SGLang server arguments of the rollout engines (``--sglang-config`` / ``--sglang-*``).
+    rollout_server_args: dict[str, Any] = Field(default_factory=dict)
     genrm: dict[str, InstanceSpec] = Field(default_factory=dict)
     rm_type: str | None = None
     defer_reward_to_post_process: bool = False
