@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,9 @@ pytestmark = [
 
 CONTEXT = 256
 MEM = 0.2  # each engine's share of the GPU: several engines (and the hf one) fit
+#: Server arguments this machine's SGLang needs, e.g. '{"attention_backend": "triton",
+#: "sampling_backend": "pytorch"}' where FlashAttention-3 is not installed; none by default.
+SERVER_ARGS: dict[str, Any] = json.loads(os.environ.get("GENRM_TEST_SGLANG_SERVER_ARGS", "{}"))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +59,12 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _spec(model_dir: Path, per_engine: int = 1, **engine_config: Any) -> InstanceSpec:
-    config = {"max_context_len": CONTEXT, "mem_fraction_static": MEM, **engine_config}
+    config = {
+        "max_context_len": CONTEXT,
+        "mem_fraction_static": MEM,
+        "server_args": SERVER_ARGS,
+        **engine_config,
+    }
     return InstanceSpec(
         route_key="judge",
         model_path=str(model_dir),
@@ -91,13 +101,14 @@ async def test_greedy_outputs_identical_across_sleep_and_wake(engine: SGLangEngi
 
 
 async def test_prompts_at_the_limit(engine: SGLangEngine) -> None:
-    # context_len 256 → SGLang's max_req_input_len = 256 - 1 - 5 = 250 (with a large KV pool)
-    assert engine.context_len == CONTEXT and engine.prompt_limit == CONTEXT - 6
-    for n in (CONTEXT, CONTEXT - 1):
+    # context_len 256 → SGLang's max_req_input_len = 256 - 1 - 5 = 250, and a prompt of 250
+    # tokens is aborted (0.5.17): 249 is the longest it takes
+    assert engine.context_len == CONTEXT and engine.prompt_limit == CONTEXT - 7
+    for n in (CONTEXT, CONTEXT - 1, CONTEXT - 6):
         with pytest.raises(PromptTooLongError):
             await engine.generate([_req(n, temperature=0.0)])
-    out = (await engine.generate([_req(CONTEXT - 6, temperature=0.0, max_response_len=50)]))[0]
-    assert out.finish_reason != "abort" and out.prompt_tokens == CONTEXT - 6
+    out = (await engine.generate([_req(CONTEXT - 7, temperature=0.0, max_response_len=50)]))[0]
+    assert out.finish_reason != "abort" and out.prompt_tokens == CONTEXT - 7
     assert out.prompt_tokens + out.completion_tokens < CONTEXT
 
 
@@ -164,6 +175,56 @@ async def test_logprobs_match_the_hf_engine(engine: SGLangEngine, tiny_dir: Path
     raw = ref.raw_logprobs or ref.logprobs or []
     assert got.logprobs is not None and len(got.logprobs) == len(raw)
     assert max(abs(a - b) for a, b in zip(got.logprobs, raw, strict=True)) < 0.05  # bf16
+
+
+async def test_started_on_sglang_s_defaults_with_prefill_graphs_off(engine: SGLangEngine) -> None:
+    assert engine.server_args["cuda_graph_backend_prefill"] == "disabled"
+    assert engine.server_args["dtype"] == "bfloat16"  # not SGLang's float16 for a fp32 folder
+    assert "log_level" not in engine.server_args
+
+
+async def test_a_scheduler_dying_at_start_is_an_engine_error_and_this_process_lives(
+    tiny_dir: Path,
+) -> None:
+    # the memory fraction leaves no room for the KV cache: SGLang's scheduler fails while loading
+    e = SGLangEngine(_spec(tiny_dir, mem_fraction_static=0.001), "judge/oom")
+    with pytest.raises(EngineError) as info:
+        await e.start()
+    assert "did not start" in str(info.value)
+    assert "lines SGLang wrote to stderr" in str(info.value)  # its own words are carried
+    await e.shutdown()
+
+
+async def test_ipc_buckets_reach_sglang_bit_for_bit(engine: SGLangEngine, tiny_dir: Path) -> None:
+    """A trainer's bf16 buckets shared through CUDA IPC (this process plays the trainer; the
+    scheduler is SGLang's child process) land in SGLang's weights exactly."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from genrm_serve.engines.weights import ipc_handle, pack_bucket, plan_buckets
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.bfloat16).cuda()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # weights SGLang has never seen
+    named = dict(model.named_parameters())
+    buckets = plan_buckets(named.items(), 1 << 20, torch.bfloat16)
+    flats = [pack_bucket(b, named) for b in buckets]
+    assert len(flats) > 1  # several buckets, several calls
+    reqs = [_req(30, temperature=0.0, max_response_len=6)]
+    before = (await engine.generate(reqs))[0].token_ids
+    await engine.update_weights_from_ipc(
+        [(b, ipc_handle(f)) for b, f in zip(buckets, flats, strict=True)], version=1
+    )
+    assert engine.weight_version == 1
+    for name in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight",
+                 "model.norm.weight"):  # fmt: skip
+        assert engine._thread is not None
+        got = await engine._thread.call(lambda n=name: engine.sgl.get_weights_by_name(n, 64))
+        want = named[name].detach().flatten()[:64].float().cpu()
+        assert torch.equal(torch.tensor(got).flatten().float()[:64], want), name
+    after = (await engine.generate(reqs))[0].token_ids
+    assert after != before  # the engine computes with the new weights
 
 
 @pytest.mark.skipif(_cuda_gpus() < 2, reason="needs 2 GPUs")

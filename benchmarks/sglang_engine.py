@@ -1,0 +1,262 @@
+"""Our SGLang engine against raw ``sglang.Engine`` on one GPU, same process, same shapes.
+
+Random weights (``load_format="dummy"``) of the Qwen3-0.6B shape (28 x 1024, MLP 3072, 16 / 8
+heads, head_dim 128, vocab 151,936) with genrm-serve's tiny tokenizer. Rows:
+
+- rollout, 64 prompts x 128 tokens, 512 new tokens at T = 1 (end of sequence ignored; the same
+  on every path), the second call of each path timed:
+  raw ``sgl.Engine.generate`` of the 64 prompts; our engine through its worker (8 GRPO groups of
+  8, each group one ``generate_many`` call, all 8 in flight, as a judge service or rl-core
+  sends them); our engine through rl-core's rollout (``generate_groups``, 8 groups of 8);
+- weight sync, every parameter in bf16: SGLang's own ``update_weights_from_tensor`` of the
+  tensors, then ours (the trainer's flat buckets shared through CUDA IPC, mapped by SGLang's
+  scheduler), with a read-back of three parameters against the trainer's values.
+
+Run (on the GPU machine, SGLang on PYTHONPATH):
+``python3 benchmarks/sglang_engine.py [--server-args '{"attention_backend": "triton"}']``.
+Prints a markdown table and one ``SGLANG_BENCH_JSON`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SHAPE = {"layers": 28, "hidden": 1024, "mlp": 3072, "heads": 16, "kv_heads": 8}
+PROMPTS, PROMPT_LEN, NEW = 64, 128, 512
+GROUP = 8
+MEM = 0.5
+
+
+def write_model(path: Path) -> Path:
+    """Config + tokenizer only: SGLang makes random weights (dummy)."""
+    from genrm_serve.testing import build_tiny_tokenizer
+
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": SHAPE["hidden"],
+        "intermediate_size": SHAPE["mlp"],
+        "num_hidden_layers": SHAPE["layers"],
+        "num_attention_heads": SHAPE["heads"],
+        "num_key_value_heads": SHAPE["kv_heads"],
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    build_tiny_tokenizer().save_pretrained(str(path))
+    return path
+
+
+def prompt_ids(seed: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 400) for _ in range(PROMPT_LEN)] for _ in range(PROMPTS)]
+
+
+def base_args(model: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """What our engine sets (sglang_engine_kwargs + the prefill-graph switch), for the raw one."""
+    return {
+        "model_path": str(model),
+        "load_format": "dummy",
+        "mem_fraction_static": MEM,
+        "enable_memory_saver": True,
+        "enable_weights_cpu_backup": True,
+        "cuda_graph_backend_prefill": "disabled",
+        "dtype": "bfloat16",
+        "context_length": PROMPT_LEN + NEW + 8,
+        **extra,
+    }
+
+
+def raw_rollout(model: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    import sglang
+
+    eng = sglang.Engine(**base_args(model, extra))
+    sp = {"max_new_tokens": NEW, "temperature": 1.0, "ignore_eos": True}
+    calls = []
+    for seed in (1, 2):
+        t0 = time.perf_counter()
+        outs = eng.generate(input_ids=prompt_ids(seed), sampling_params=sp)
+        dt = time.perf_counter() - t0
+        tokens = sum(int(o["meta_info"]["completion_tokens"]) for o in outs)
+        calls.append({"s": dt, "tokens": tokens, "tok_s": tokens / dt})
+    eng.shutdown()
+    return {"calls": calls, "tok_s": calls[-1]["tok_s"]}
+
+
+def spec(model: Path, extra: dict[str, Any]) -> Any:
+    from genrm_serve.config import EngineConfig, InstanceSpec
+
+    return InstanceSpec(
+        route_key="rollout",
+        model_path=str(model),
+        num_gpus=1,
+        engine="sglang",
+        engine_config=EngineConfig(
+            max_batch_size=GROUP * 4,
+            max_context_len=PROMPT_LEN + NEW + 8,
+            mem_fraction_static=MEM,
+            server_args={"load_format": "dummy", **extra},
+        ),
+    )
+
+
+def requests(ids: list[list[int]]) -> list[Any]:
+    from genrm_client.types import SamplingParams
+    from genrm_serve.config import DEFAULT_SAMPLING
+    from genrm_serve.engines.base import EngineRequest
+
+    sampling = SamplingParams(temperature=1.0, max_response_len=NEW).merged_over(DEFAULT_SAMPLING)
+    return [EngineRequest(sampling=sampling, prompt_token_ids=p, return_tokens=True) for p in ids]
+
+
+async def ours(model: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    from genrm_serve.engines.sglang import SGLangEngine
+    from genrm_serve.engines.worker import EngineWorker
+    from rl_core.engines import LocalEngineHandle
+    from rl_core.rollout import RolloutSettings, generate_groups
+    from rl_core.sample import Sample
+
+    s = spec(model, extra)
+    engine = SGLangEngine(s, "rollout/0")
+    worker = EngineWorker(s, 0, engine=engine)
+    await worker.start()
+    out: dict[str, Any] = {"server_args": {k: str(v) for k, v in engine.server_args.items()}}
+
+    async def via_worker(seed: int) -> tuple[float, int]:
+        ids = prompt_ids(seed)
+        groups = [requests(ids[i : i + GROUP]) for i in range(0, PROMPTS, GROUP)]
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(worker.generate_many(g) for g in groups))
+        dt = time.perf_counter() - t0
+        return dt, sum(o.completion_tokens for group in outs for o in group)
+
+    calls = []
+    for seed in (1, 2):
+        dt, tokens = await via_worker(seed)
+        calls.append({"s": dt, "tokens": tokens, "tok_s": tokens / dt})
+    out["worker"] = {"calls": calls, "tok_s": calls[-1]["tok_s"]}
+
+    tokenizer = engine.prompts.tokenizer if engine.prompts is not None else None
+    settings = RolloutSettings(n_samples_per_prompt=GROUP, max_response_len=NEW)
+    calls = []
+    for seed in (3, 4):
+        import random
+
+        rng = random.Random(seed)
+        words = [f"w{rng.randrange(0, 300)}" for _ in range(PROMPTS // GROUP * PROMPT_LEN)]
+        groups = [
+            [
+                Sample(
+                    prompt=" ".join(words[g * PROMPT_LEN : (g + 1) * PROMPT_LEN]),
+                    label=None,
+                    metadata={},
+                    group_id=g,
+                    index=i,
+                )
+                for i in range(GROUP)
+            ]
+            for g in range(PROMPTS // GROUP)
+        ]
+        t0 = time.perf_counter()
+        done = await generate_groups([LocalEngineHandle(engine)], groups, tokenizer, settings)
+        dt = time.perf_counter() - t0
+        tokens = sum(len(x.response_tokens) for g in done for x in g)
+        calls.append({"s": dt, "tokens": tokens, "tok_s": tokens / dt})
+    out["rl_core_rollout"] = {"calls": calls, "tok_s": calls[-1]["tok_s"]}
+    out["weight_sync"] = await weight_sync(engine)
+    await worker.shutdown()
+    return out
+
+
+async def weight_sync(engine: Any) -> dict[str, Any]:
+    """SGLang's own update of the same bf16 tensors, then ours through IPC buckets."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from genrm_serve.engines.weights import ipc_handle, pack_bucket, plan_buckets
+
+    cfg = AutoConfig.from_pretrained(engine.spec.model_path)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
+    named = dict(model.named_parameters())
+    nbytes = sum(p.numel() * 2 for p in named.values())
+    sgl, thread = engine.sgl, engine._thread
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    await thread.call(lambda: sgl.update_weights_from_tensor(list(named.items())))
+    raw_s = time.perf_counter() - t0
+    with torch.no_grad():
+        for p in named.values():
+            p.add_(1.0 / 64)  # new values, exactly representable steps in bf16
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    buckets = plan_buckets(named.items())
+    flats = [pack_bucket(b, named) for b in buckets]
+    torch.cuda.synchronize()
+    await engine.update_weights_from_ipc(
+        [(b, ipc_handle(f)) for b, f in zip(buckets, flats, strict=True)], version=1
+    )
+    ours_s = time.perf_counter() - t0
+    checks = {}
+    for name in ("model.embed_tokens.weight", "model.layers.7.mlp.down_proj.weight",
+                 "model.norm.weight"):  # fmt: skip
+        got = await thread.call(lambda n=name: sgl.get_weights_by_name(n, 256))
+        want = named[name].detach().flatten()[:256].float().cpu()
+        checks[name] = bool(torch.equal(torch.tensor(got).flatten().float()[:256], want))
+    return {
+        "gib": nbytes / 2**30,
+        "tensors": len(named),
+        "buckets": len(buckets),
+        "sglang_update_weights_from_tensor_s": raw_s,
+        "ours_ipc_s": ours_s,
+        "read_back_equal": checks,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server-args", default="{}", help="JSON: SGLang server args for both")
+    ap.add_argument("--out", default=None, help="write the JSON here too")
+    args = ap.parse_args()
+    extra = json.loads(args.server_args)
+    model = write_model(Path(tempfile.mkdtemp(prefix="q06b_")))
+    res: dict[str, Any] = {"raw": raw_rollout(model, extra)}
+    res["ours"] = asyncio.run(ours(model, extra))
+    raw = res["raw"]["tok_s"]
+    print("| path | tokens/s (second call) | vs raw |\n|---|---|---|")
+    print(f"| raw sgl.Engine.generate | {raw:,.0f} | 1.00x |")
+    for key, label in (("worker", "ours, engine worker"), ("rl_core_rollout", "ours, rl-core")):
+        tok_s = res["ours"][key]["tok_s"]
+        print(f"| {label} | {tok_s:,.0f} | {tok_s / raw:.2f}x |")
+    ws = res["ours"]["weight_sync"]
+    print(
+        f"\nweight sync ({ws['gib']:.2f} GiB bf16, {ws['tensors']} tensors): SGLang's "
+        f"update_weights_from_tensor {ws['sglang_update_weights_from_tensor_s']:.3f} s; ours "
+        f"(pack {ws['buckets']} buckets + IPC) {ws['ours_ipc_s']:.3f} s; read-back equal: "
+        f"{ws['read_back_equal']}"
+    )
+    line = json.dumps(res)
+    print("SGLANG_BENCH_JSON " + line)
+    if args.out:
+        Path(args.out).write_text(line)
+
+
+if __name__ == "__main__":
+    main()
