@@ -13,7 +13,9 @@ Layouts (each its own ``rl-core train`` process, one after another):
 - ``defer``: colocate-defer-swap on the same bundle (``--rm-type dummy``,
   ``--defer-reward-to-post-process --builtin-reward-post-process``): rollout awake with the judge
   asleep, then the judge scores the batch;
-- ``megatron``: ``shared`` with ``--train-backend megatron``.
+- ``megatron``: ``shared`` with ``--train-backend megatron``;
+- ``sglang-shared`` / ``sglang-defer``: ``shared`` / ``defer`` with SGLang rollout and judge
+  engines, 256-token responses (``--sglang-server-args`` for what the machine's SGLang needs).
 
 Run: ``python benchmarks/gpu_train.py --out DIR [--layouts shared,defer,megatron] [--steps 3]``.
 Prints a markdown report; ``DIR/gpu_train.json`` holds every step's metrics.
@@ -54,6 +56,26 @@ LAYOUTS: dict[str, list[str]] = {
     ],
 }
 LAYOUTS["megatron"] = [*LAYOUTS["shared"], "--train-backend", "megatron"]
+#: SGLang rollout and judge engines (server args for this machine: --sglang-server-args)
+SGLANG_LAYOUTS = ("sglang-shared", "sglang-defer")
+
+
+def sglang_layout(name: str, server_args: dict[str, Any]) -> list[str]:
+    """``shared`` / ``defer`` with SGLang engines: rollout gets ``server_args`` as the
+    original's ``--sglang-*`` flags, the judge as ``engine_config.server_args``."""
+    base = name.removeprefix("sglang-")
+    judge_config = {"max_batch_size": 64, "server_args": server_args}
+    if base == "shared":
+        judge_config["mem_fraction_static"] = 0.3
+    i = LAYOUTS[base].index("--genrm-engine-config")  # the hf judge's config is replaced
+    flags = LAYOUTS[base][:i] + LAYOUTS[base][i + 2 :]
+    flags += ["--genrm-engine-config", json.dumps(judge_config)]
+    flags += ["--rollout-engine", "sglang", "--genrm-engine", "sglang"]
+    if base == "defer":
+        flags += ["--sglang-mem-fraction-static", "0.5"]
+    for key, value in server_args.items():
+        flags += [f"--sglang-{key.replace('_', '-')}", str(value)]
+    return flags
 
 
 def train_flags(
@@ -96,11 +118,22 @@ def train_flags(
 
 
 def run_layout(
-    name: str, policy: Path, judge: Path, out: Path, work: Path, steps: int, n: int
+    name: str,
+    policy: Path,
+    judge: Path,
+    out: Path,
+    work: Path,
+    steps: int,
+    n: int,
+    server_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     run_dir = work / "runs" / name
     cmd = [sys.executable, "-m", "rl_core.cli", "train"]
-    cmd += train_flags(policy, judge, run_dir, steps, n) + LAYOUTS[name]
+    if name in SGLANG_LAYOUTS:
+        cmd += train_flags(policy, judge, run_dir, steps, n, response_len=256)
+        cmd += sglang_layout(name, server_args or {})
+    else:
+        cmd += train_flags(policy, judge, run_dir, steps, n) + LAYOUTS[name]
     log = out / f"train-{name}.log"
     t0 = time.perf_counter()
     with log.open("w") as f:
@@ -169,6 +202,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--n", type=int, default=8, help="samples per prompt")
     ap.add_argument("--quick", action="store_true", help="small shapes (to check the script)")
+    ap.add_argument(
+        "--sglang-server-args",
+        default="{}",
+        help="JSON: SGLang server arguments of the sglang-* layouts' engines (this machine's)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -191,7 +229,10 @@ def main() -> None:
     }
     for name in args.layouts.split(","):
         steps = 2 if name == "megatron" else args.steps
-        doc["results"].append(run_layout(name, policy, judge, args.out, args.work, steps, args.n))
+        sa = json.loads(args.sglang_server_args)
+        doc["results"].append(
+            run_layout(name, policy, judge, args.out, args.work, steps, args.n, sa)
+        )
         print(report(doc["results"][-1:]), flush=True)
         # after each layout: a run cut short still leaves what it measured
         (args.out / "gpu_train.json").write_text(json.dumps(doc, indent=1, default=str))
