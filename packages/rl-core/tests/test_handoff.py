@@ -191,15 +191,18 @@ def test_weight_path_follows_the_plan() -> None:
         "object_store"
     )
     assert choose_weight_sync(shared, use_gpus=True, device="cpu", engine="hf") == "object_store"
-    assert choose_weight_sync(shared, use_gpus=True, device="auto", engine="sglang") == (
-        "object_store"
-    )
+    # SGLang's scheduler maps the trainer's IPC buckets itself
+    assert choose_weight_sync(shared, use_gpus=True, device="auto", engine="sglang") == "ipc"
     fully = _shared_plan(
         roles=("actor", "rollout", "genrm"), fully_async=True, rm_type="dapo-genrm"
     )
     assert fully.mode == "fully-async"
     assert colocated_ranks(fully) is None
     assert choose_weight_sync(fully, use_gpus=True, device="auto", engine="hf") == "broadcast"
+    # SGLang's own NCCL group is not wired: the object store, never a wrong path
+    assert choose_weight_sync(fully, use_gpus=True, device="auto", engine="sglang") == (
+        "object_store"
+    )
 
 
 class FakeLearner:
