@@ -1,7 +1,12 @@
-"""One contract, two engines: the real hf engine and the SGLang engine over a fake SGLang."""
+"""One contract for every engine: the real hf engine, the SGLang engine over the fake SGLang (in
+CI), and the SGLang engine over the real one (where SGLang and a CUDA GPU are present; this
+machine's server arguments from ``GENRM_TEST_SGLANG_SERVER_ARGS``)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -24,16 +29,30 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
+def _real_sglang() -> bool:
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def _make(kind: str, model_dir: Path) -> Engine:
+    config: dict[str, object] = {"max_context_len": 64}
+    if kind == "sglang-real":
+        config["mem_fraction_static"] = 0.2
+        config["server_args"] = json.loads(os.environ.get("GENRM_TEST_SGLANG_SERVER_ARGS", "{}"))
     spec = InstanceSpec(
         route_key="judge",
         model_path=str(model_dir),
         num_gpus=1,
-        engine=kind,
-        engine_config=EngineConfig(max_context_len=64),
+        engine="hf" if kind == "hf" else "sglang",
+        engine_config=EngineConfig(**config),  # type: ignore[arg-type]
     )
     if kind == "hf":
         return HFEngine(spec, "judge/0")
+    if kind == "sglang-real":
+        return SGLangEngine(spec, "judge/0")
     return SGLangEngine(spec, "judge/0", engine_cls=FakeSGLangEngine)
 
 
@@ -45,7 +64,17 @@ def _req(text: str, tokens: bool = False, **sampling: object) -> EngineRequest:
     )
 
 
-@pytest.mark.parametrize("kind", ["hf", "sglang"], ids=["hf", "sglang-fake"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "hf",
+        "sglang-fake",
+        pytest.param(
+            "sglang-real",
+            marks=pytest.mark.skipif(not _real_sglang(), reason="needs SGLang and a CUDA GPU"),
+        ),
+    ],
+)
 async def test_engine_contract(kind: str, tiny_dir: Path) -> None:
     engine = _make(kind, tiny_dir)
     assert engine.state == "created"
