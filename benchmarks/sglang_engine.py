@@ -126,6 +126,25 @@ def requests(ids: list[list[int]]) -> list[Any]:
     return [EngineRequest(sampling=sampling, prompt_token_ids=p, return_tokens=True) for p in ids]
 
 
+#: where partial results go after each stage (a run cut short keeps what it measured)
+RESULTS: dict[str, Any] = {}
+OUT_FILE: Path | None = None
+FRESH_DIR = Path(tempfile.gettempdir()) / "q06b_synced"
+
+
+def record(ours_part: dict[str, Any] | None = None) -> None:
+    if ours_part is not None:
+        RESULTS["ours"] = ours_part
+    line = json.dumps(RESULTS, default=str)
+    print("SGLANG_BENCH_JSON " + line, flush=True)
+    if OUT_FILE is not None:
+        OUT_FILE.write_text(line)
+
+
+def model_path_of(s: Any) -> Path:
+    return Path(s.model_path)
+
+
 async def ours(model: Path, extra: dict[str, Any]) -> dict[str, Any]:
     from genrm_serve.engines.sglang import SGLangEngine
     from genrm_serve.engines.worker import EngineWorker
@@ -180,8 +199,15 @@ async def ours(model: Path, extra: dict[str, Any]) -> dict[str, Any]:
         tokens = sum(len(x.response_tokens) for g in done for x in g)
         calls.append({"s": dt, "tokens": tokens, "tok_s": tokens / dt})
     out["rl_core_rollout"] = {"calls": calls, "tok_s": calls[-1]["tok_s"]}
-    out["weight_sync"] = await weight_sync(engine)
+    record(out)
+    sync = await weight_sync(engine)
+    model, reqs, synced = sync.pop("model"), sync.pop("requests"), sync.pop("greedy_after_sync")
+    out["weight_sync"] = sync
+    record(out)
     await worker.shutdown()
+    fresh = await fresh_greedy(model, reqs, extra, model_dir=model_path_of(s), where=FRESH_DIR)
+    sync["greedy_equal_to_a_fresh_engine"] = fresh == synced
+    record(out)
     return out
 
 
@@ -214,48 +240,81 @@ async def weight_sync(engine: Any) -> dict[str, Any]:
         [(b, ipc_handle(f)) for b, f in zip(buckets, flats, strict=True)], version=1
     )
     ours_s = time.perf_counter() - t0
-    checks = {}
-    for name in ("model.embed_tokens.weight", "model.layers.7.mlp.down_proj.weight",
-                 "model.norm.weight"):  # fmt: skip
-        got = await thread.call(lambda n=name: sgl.get_weights_by_name(n, 256))
-        want = named[name].detach().flatten()[:256].float().cpu()
-        checks[name] = bool(torch.equal(torch.tensor(got).flatten().float()[:256], want))
+    # read-back: greedy outputs against a fresh engine loaded from these weights (SGLang
+    # 0.5.17 has no get_weights_by_name for Qwen3)
+    reqs = requests(prompt_ids(7)[:8])
+    for r in reqs:
+        r.sampling = r.sampling.model_copy(update={"temperature": 0.0, "max_response_len": 16})
+    synced = [o.token_ids for o in await engine.generate(reqs)]
     return {
         "gib": nbytes / 2**30,
         "tensors": len(named),
         "buckets": len(buckets),
         "sglang_update_weights_from_tensor_s": raw_s,
         "ours_ipc_s": ours_s,
-        "read_back_equal": checks,
+        "model": model,
+        "greedy_after_sync": synced,
+        "requests": reqs,
     }
 
 
+async def fresh_greedy(
+    model: Any, reqs: list[Any], extra: dict[str, Any], *, model_dir: Path, where: Path
+) -> Any:
+    """Greedy outputs of an engine started from ``model``'s weights saved to ``where`` (with
+    ``model_dir``'s tokenizer)."""
+    import shutil
+
+    from genrm_serve.engines.sglang import SGLangEngine
+
+    def save() -> None:
+        model.save_pretrained(str(where))
+        for f in model_dir.iterdir():
+            if "token" in f.name:
+                shutil.copy(f, where / f.name)
+
+    await asyncio.to_thread(save)
+    s = spec(where, extra)
+    s = s.model_copy(
+        update={
+            "engine_config": s.engine_config.model_copy(
+                update={"server_args": dict(extra)}  # real weights: no dummy load
+            )
+        }
+    )
+    engine = SGLangEngine(s, "fresh/0")
+    await engine.start()
+    try:
+        return [o.token_ids for o in await engine.generate(reqs)]
+    finally:
+        await engine.shutdown()
+
+
 def main() -> None:
+    global OUT_FILE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server-args", default="{}", help="JSON: SGLang server args for both")
-    ap.add_argument("--out", default=None, help="write the JSON here too")
+    ap.add_argument("--out", default=None, help="write the JSON here too (after each stage)")
     args = ap.parse_args()
+    OUT_FILE = Path(args.out) if args.out else None
     extra = json.loads(args.server_args)
     model = write_model(Path(tempfile.mkdtemp(prefix="q06b_")))
-    res: dict[str, Any] = {"raw": raw_rollout(model, extra)}
-    res["ours"] = asyncio.run(ours(model, extra))
-    raw = res["raw"]["tok_s"]
+    RESULTS["raw"] = raw_rollout(model, extra)
+    record()
+    asyncio.run(ours(model, extra))
+    raw = RESULTS["raw"]["tok_s"]
     print("| path | tokens/s (second call) | vs raw |\n|---|---|---|")
     print(f"| raw sgl.Engine.generate | {raw:,.0f} | 1.00x |")
     for key, label in (("worker", "ours, engine worker"), ("rl_core_rollout", "ours, rl-core")):
-        tok_s = res["ours"][key]["tok_s"]
+        tok_s = RESULTS["ours"][key]["tok_s"]
         print(f"| {label} | {tok_s:,.0f} | {tok_s / raw:.2f}x |")
-    ws = res["ours"]["weight_sync"]
+    ws = RESULTS["ours"]["weight_sync"]
     print(
         f"\nweight sync ({ws['gib']:.2f} GiB bf16, {ws['tensors']} tensors): SGLang's "
         f"update_weights_from_tensor {ws['sglang_update_weights_from_tensor_s']:.3f} s; ours "
-        f"(pack {ws['buckets']} buckets + IPC) {ws['ours_ipc_s']:.3f} s; read-back equal: "
-        f"{ws['read_back_equal']}"
+        f"(pack {ws['buckets']} buckets + IPC) {ws['ours_ipc_s']:.3f} s; greedy equal to a "
+        f"fresh engine loaded from the synced weights: {ws['greedy_equal_to_a_fresh_engine']}"
     )
-    line = json.dumps(res)
-    print("SGLANG_BENCH_JSON " + line)
-    if args.out:
-        Path(args.out).write_text(line)
 
 
 if __name__ == "__main__":

@@ -140,6 +140,7 @@ async def test_lifecycle_calls_sglang_in_the_documented_order(tiny_dir: Path) ->
     await engine.start()
     fake: FakeSGLangEngine = engine.sgl
     expected = sglang_engine_kwargs(engine.spec, model_path=str(tiny_dir))
+    expected["context_length"] = 4096  # the default 8192, capped at the tiny model's positions
     assert {k: fake.server_args[k] for k in expected} == expected
     out = (await engine.generate([_req("hello", max_response_len=2)]))[0]
     assert (out.completion_tokens, out.finish_reason) == (2, "length")

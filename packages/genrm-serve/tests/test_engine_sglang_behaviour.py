@@ -634,3 +634,20 @@ async def test_the_worker_does_not_wait_for_sglang_s_previous_batch(tiny_dir: Pa
         assert engine.state == "asleep"
     finally:
         await worker.shutdown()
+
+
+# -- 18. a context longer than the model's is capped (SGLang refuses it, seen on 0.5.17) ----------
+async def test_context_length_is_capped_at_the_model_s_positions(tiny_dir: Path) -> None:
+    spec = InstanceSpec(
+        route_key="judge",
+        model_path=str(tiny_dir),
+        num_gpus=1,
+        engine="sglang",
+        engine_config=EngineConfig(max_context_len=8192),  # the tiny model has 4096 positions
+    )
+    engine = SGLangEngine(spec, "judge/0", engine_cls=FakeSGLangEngine)
+    await engine.start()
+    try:
+        assert engine.server_args["context_length"] == 4096 and engine.context_len == 4096
+    finally:
+        await engine.shutdown()

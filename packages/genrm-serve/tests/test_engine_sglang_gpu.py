@@ -195,9 +195,15 @@ async def test_a_scheduler_dying_at_start_is_an_engine_error_and_this_process_li
     await e.shutdown()
 
 
-async def test_ipc_buckets_reach_sglang_bit_for_bit(engine: SGLangEngine, tiny_dir: Path) -> None:
+async def test_ipc_buckets_reach_sglang_bit_for_bit(
+    engine: SGLangEngine, tiny_dir: Path, tmp_path: Path
+) -> None:
     """A trainer's bf16 buckets shared through CUDA IPC (this process plays the trainer; the
-    scheduler is SGLang's child process) land in SGLang's weights exactly."""
+    scheduler is SGLang's child process) land in SGLang's weights exactly: greedy outputs equal
+    those of a fresh engine loaded from the same weights. (SGLang 0.5.17's
+    ``get_weights_by_name`` is not implemented for every architecture, Qwen3 among them.)"""
+    import shutil
+
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -211,20 +217,29 @@ async def test_ipc_buckets_reach_sglang_bit_for_bit(engine: SGLangEngine, tiny_d
     buckets = plan_buckets(named.items(), 1 << 20, torch.bfloat16)
     flats = [pack_bucket(b, named) for b in buckets]
     assert len(flats) > 1  # several buckets, several calls
-    reqs = [_req(30, temperature=0.0, max_response_len=6)]
-    before = (await engine.generate(reqs))[0].token_ids
+    reqs = [_req(30 + 7 * i, 11 * i, temperature=0.0, max_response_len=8) for i in range(4)]
+    before = [o.token_ids for o in await engine.generate(reqs)]
     await engine.update_weights_from_ipc(
         [(b, ipc_handle(f)) for b, f in zip(buckets, flats, strict=True)], version=1
     )
     assert engine.weight_version == 1
-    for name in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight",
-                 "model.norm.weight"):  # fmt: skip
-        assert engine._thread is not None
-        got = await engine._thread.call(lambda n=name: engine.sgl.get_weights_by_name(n, 64))
-        want = named[name].detach().flatten()[:64].float().cpu()
-        assert torch.equal(torch.tensor(got).flatten().float()[:64], want), name
-    after = (await engine.generate(reqs))[0].token_ids
+    after = [o.token_ids for o in await engine.generate(reqs)]
     assert after != before  # the engine computes with the new weights
+    fresh_dir = tmp_path / "synced"
+
+    def save() -> None:
+        model.save_pretrained(str(fresh_dir))
+        for f in tiny_dir.iterdir():
+            if "token" in f.name or f.name.endswith((".jinja", ".txt")):
+                shutil.copy(f, fresh_dir / f.name)
+
+    await asyncio.to_thread(save)
+    fresh = SGLangEngine(_spec(fresh_dir), "judge/fresh")
+    await fresh.start()
+    try:
+        assert [o.token_ids for o in await fresh.generate(reqs)] == after
+    finally:
+        await fresh.shutdown()
 
 
 @pytest.mark.skipif(_cuda_gpus() < 2, reason="needs 2 GPUs")

@@ -410,7 +410,22 @@ class FakeSGLangEngine:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(args["model_path"]))
-        self.context_len = int(args.get("context_length") or 4096)
+        # SGLang: configs/model_config.py _derive_context_length (seen on 0.5.17) -- a
+        # context_length over the model's own is a ValueError unless the env allows it.
+        from transformers import AutoConfig
+
+        derived = int(AutoConfig.from_pretrained(str(args["model_path"])).max_position_embeddings)
+        asked = args.get("context_length")
+        if (
+            asked is not None
+            and int(asked) > derived
+            and os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") != "1"
+        ):
+            raise ValueError(
+                f"Warning: User-specified context_length ({asked}) is greater than the derived "
+                f"context_length ({derived})."
+            )
+        self.context_len = int(asked or derived)
         self.max_req_input_len = min(self.context_len - 1, self.max_total_num_tokens - 1) - 5
         # SGLang: model_runner / torch_memory_saver_adapter -- CUDA graphs are captured inside
         # the memory saver's "cuda_graph" region only with SGLANG_MEMORY_SAVER_CUDA_GRAPH=true;

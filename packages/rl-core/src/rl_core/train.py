@@ -32,6 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # --- the ``rl-core train`` subcommand ------------------------------------------------------------
 
+#: :func:`main` parses the whole command line again: the original's ``--sglang-KEY VALUE``
+#: server arguments are taken there, and any other unknown flag is refused there.
+ACCEPTS_UNKNOWN_FLAGS = True
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """The subcommand lists every train flag (for ``--help``); :func:`run` re-parses the command

@@ -386,6 +386,20 @@ def _ignore_sigquit_process_wide() -> None:
     libc.signal(int(signal.SIGQUIT), 1)  # SIG_IGN == 1 on Linux
 
 
+def model_positions(model_dir: str) -> int | None:
+    """``max_position_embeddings`` of a model folder's config.json (None if it has none)."""
+    import json
+    from pathlib import Path
+
+    try:
+        value = json.loads((Path(model_dir) / "config.json").read_text()).get(
+            "max_position_embeddings"
+        )
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def _assigned_gpus() -> list[int]:
     """GPU ids Ray gave this actor (none outside Ray)."""
     with contextlib.suppress(Exception):
@@ -576,6 +590,18 @@ class SGLangEngine(Engine):
                 placement=self.placement,
             )
         )
+        positions = model_positions(model_path)
+        if positions is not None and args["context_length"] > positions:
+            # SGLang refuses a context_length over the model's own (model_config.py
+            # _derive_context_length, seen on 0.5.17): our default (8192) or a rollout's prompt
+            # + response room must not stop a 4096-position model from starting.
+            logger.info(
+                "engine %s: context_length %d capped at the model's max_position_embeddings %d",
+                self.engine_id,
+                args["context_length"],
+                positions,
+            )
+            args["context_length"] = positions
         user = dict(self.spec.engine_config.server_args)
         fields = server_arg_fields(engine_cls)
         graphs_saved = os.environ.get("SGLANG_MEMORY_SAVER_CUDA_GRAPH") == "true"
