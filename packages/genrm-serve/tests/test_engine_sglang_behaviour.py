@@ -651,3 +651,87 @@ async def test_context_length_is_capped_at_the_model_s_positions(tiny_dir: Path)
         assert engine.server_args["context_length"] == 4096 and engine.context_len == 4096
     finally:
         await engine.shutdown()
+
+
+# -- 19. a GRPO group's shared prompt is computed once (SGLang caches finished prompts only) ------
+def _grouped(groups: int, per_group: int, shared: int, own: int) -> list[EngineRequest]:
+    reqs = []
+    for g in range(groups):
+        head = [20 + g] + [30 + (g * 7 + i) % 40 for i in range(shared - 1)]
+        for k in range(per_group):
+            tail = [100 + (k * 13 + j) % 50 for j in range(own)]
+            reqs.append(_req(0, max_response_len=1))
+            reqs[-1].prompt_token_ids = head + tail
+    return reqs
+
+
+async def test_a_group_s_shared_prompt_is_computed_once(tiny_dir: Path) -> None:
+    spec = _spec(tiny_dir)
+    spec = spec.model_copy(
+        update={"engine_config": spec.engine_config.model_copy(update={"max_context_len": 512})}
+    )
+    engine = SGLangEngine(spec, "judge/0", engine_cls=FakeSGLangEngine)
+    await engine.start()
+    try:
+        outs = await engine.generate(_grouped(groups=3, per_group=4, shared=120, own=20))
+        assert len(outs) == 12
+        # one warm-up per group, then each member found the group's 120 tokens cached
+        assert engine.counters["prefix_warmups"] == 3
+        assert engine.counters["cached_prompt_tokens"] >= 12 * 120
+        # prompts that share nothing (or too little) are sent as they are
+        before = engine.counters["prefix_warmups"]
+        await engine.generate([_req(40, first=10 + 3 * i) for i in range(4)])
+        assert engine.counters["prefix_warmups"] == before
+    finally:
+        await engine.shutdown()
+
+
+def test_without_the_warm_up_sglang_would_recompute_every_member(tiny_dir: Path) -> None:
+    """What the fake says of SGLang without our warm-up: the members of a group that arrive
+    together find nothing of each other in the cache (why the warm-up exists)."""
+    fake = FakeSGLangEngine(model_path=str(tiny_dir), context_length=512,
+                            cuda_graph_backend_prefill="disabled")  # fmt: skip
+    try:
+        reqs = _grouped(groups=2, per_group=4, shared=120, own=20)
+
+        async def together() -> list[Any]:
+            params = {"max_new_tokens": 1, "temperature": 0.0}
+            calls = [fake.async_generate(input_ids=r.prompt_token_ids, sampling_params=params)
+                     for r in reqs]  # fmt: skip
+            return list(await asyncio.gather(*calls))
+
+        outs = fake.loop.run_until_complete(together())
+        assert sum(o["meta_info"]["cached_tokens"] for o in outs) == 0
+    finally:
+        fake.shutdown()
+
+
+# -- 20. a logprob verdict in one pass: P("1") from the first reply token's log-probs ------------
+async def test_logprob_verdict_in_one_pass(start: Any) -> None:
+    import math
+
+    from genrm_client.types import Message
+
+    engine, fake = await start()
+    off = {"enable_thinking": False}
+    reqs = [
+        EngineRequest(
+            sampling=SamplingParams(
+                max_response_len=1,
+                temperature=0.0,
+                logprob_verdict=True,
+                chat_template_kwargs=off,
+            ).merged_over(DEFAULT_SAMPLING),
+            messages=[Message(role="user", content=f"Is {i} + {i} = {2 * i}? Reply 1 or 0.")],
+        )
+        for i in range(3)
+    ]
+    n_calls = fake.calls.count("async_generate")
+    outs = await engine.generate(reqs)
+    assert fake.calls.count("async_generate") - n_calls == 3  # one pass each, no sampling
+    assert engine.prompts is not None
+    for out, req in zip(outs, reqs, strict=True):
+        favour = sum(engine.prompts.encode(req)) % 2 == 0  # the fake's rule
+        lp_one, lp_zero = (-0.1, -2.5) if favour else (-2.5, -0.1)
+        expected = math.exp(lp_one) / (math.exp(lp_one) + math.exp(lp_zero))
+        assert out.extra["verdict_prob"] == pytest.approx(expected, abs=1e-9)

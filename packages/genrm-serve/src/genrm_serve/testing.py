@@ -436,6 +436,8 @@ class FakeSGLangEngine:
         self.weight_names: list[str] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        #: prompts of finished requests (SGLang's radix cache; never evicted in the fake)
+        self.radix: list[list[int]] = []
         self._running_until = 0.0
         self.gate: asyncio.Event | None = None
         self.hang = False
@@ -500,10 +502,13 @@ class FakeSGLangEngine:
         sampling_params: dict[str, Any] | None = None,
         input_ids: list[int] | None = None,
         return_logprob: bool = False,
+        token_ids_logprob: list[int] | None = None,
         **_: object,
     ) -> dict[str, Any]:
         import asyncio
         import random
+
+        from genrm_serve.engines.prefix_tree import common_prefix_len
 
         self.calls.append("async_generate")
         if input_ids is None or (input_ids and not isinstance(input_ids[0], int)):
@@ -538,6 +543,10 @@ class FakeSGLangEngine:
             raise ValueError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
         if "sampling_seed" in p and p["sampling_seed"] is not None and "seed" in p:
             raise ValueError("unknown sampling parameter")
+        # SGLang: mem_cache/radix_cache.py -- a prompt reuses the KV of finished requests only:
+        # requests that arrive together are prefilled side by side, none cached for the others.
+        cached = max((common_prefix_len(list(input_ids), r) for r in self.radix), default=0)
+        cached = min(cached, n_in - 1)  # the last prompt token is always computed
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -581,12 +590,24 @@ class FakeSGLangEngine:
             meta: dict[str, Any] = {
                 "prompt_tokens": n_in,
                 "completion_tokens": n,
+                "cached_tokens": cached,
                 "finish_reason": {"type": "length"} if n == max_new else {"type": "stop"},
             }
+            self.radix.append(list(input_ids))
             if return_logprob:
                 meta["output_token_logprobs"] = [
                     (-0.25 * (i + 1), t, None) for i, t in enumerate(toks)
                 ]
+                if token_ids_logprob:
+                    # SGLang: tokenizer_manager.py -- per output position, (logprob, id, text)
+                    # of each asked id; the fake's "model" favours the first id on even sums.
+                    favour = sum(input_ids) % 2 == 0
+                    meta["output_token_ids_logprobs"] = [
+                        [
+                            (-0.1 if (k == 0) == favour else -2.5, int(t), None)
+                            for k, t in enumerate(token_ids_logprob)
+                        ]
+                    ]
             return {
                 "text": self.tokenizer.decode(toks, skip_special_tokens=True),
                 "output_ids": toks,

@@ -59,6 +59,10 @@ class RequestRefusedError(EngineError):
     """
 
 
+class VerdictUnavailableError(RequestRefusedError):
+    """A logprob verdict was asked for where it means nothing (thinking on, "1"/"0" not tokens)."""
+
+
 class PromptTooLongError(RequestRefusedError):
     """The prompt is longer than ``max_context_len``: refused before any compute (HTTP 413)."""
 

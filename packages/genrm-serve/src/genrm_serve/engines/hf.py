@@ -66,6 +66,7 @@ from genrm_serve.engines.base import (
     EngineOutput,
     EngineRequest,
     RequestRefusedError,
+    VerdictUnavailableError,
 )
 from genrm_serve.engines.hf_decode_step import DecodeStep
 from genrm_serve.engines.hf_packing import (
@@ -221,10 +222,6 @@ def _weakest_link(rows: list[_Row], following: _Row) -> int:
         if best_shared is None or shared < best_shared:
             best, best_shared = i, shared
     return best
-
-
-class VerdictUnavailableError(RequestRefusedError):
-    """A logprob verdict was asked for where it means nothing (thinking on, "1"/"0" not tokens)."""
 
 
 class HFEngine(Engine):
@@ -558,26 +555,8 @@ class HFEngine(Engine):
         return await asyncio.to_thread(self._generate, requests)
 
     def _verdict_tokens(self, request: EngineRequest) -> tuple[int, int]:
-        """The token ids of "1" and "0", or a clear refusal of a logprob verdict."""
-        kwargs = request.sampling.chat_template_kwargs or {}
-        template = str(getattr(self.tokenizer, "chat_template", "") or "")
-        thinking = request.messages is not None and "enable_thinking" in template
-        if thinking and kwargs.get("enable_thinking", True):
-            raise VerdictUnavailableError(
-                "sampling_params.logprob_verdict needs thinking off: with thinking on the "
-                "first reply token is a thought, not a verdict; send "
-                "chat_template_kwargs={'enable_thinking': false}"
-            )
-        ids = []
-        for digit in ("1", "0"):
-            encoded = self.tokenizer(digit, add_special_tokens=False)["input_ids"]
-            if len(encoded) != 1:
-                raise VerdictUnavailableError(
-                    f"sampling_params.logprob_verdict: {digit!r} is not a single token of this "
-                    f"judge's tokenizer (it encodes as {encoded})"
-                )
-            ids.append(int(encoded[0]))
-        return ids[0], ids[1]
+        assert self.prompts is not None
+        return self.prompts.verdict_tokens(request)
 
     def _make_row(
         self, request: EngineRequest, prompt: list[int] | RequestRefusedError | None = None

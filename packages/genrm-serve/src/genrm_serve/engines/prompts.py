@@ -15,6 +15,7 @@ from genrm_serve.engines.base import (
     EngineRequest,
     PromptTooLongError,
     RequestRefusedError,
+    VerdictUnavailableError,
 )
 
 __all__ = ["FALLBACK_CHAT_TEMPLATE", "PromptEncoder"]
@@ -107,3 +108,27 @@ class PromptEncoder:
         """``max_response_len``, cut so that prompt + response fit in ``max_context_len``."""
         limit = request.sampling.max_response_len or default
         return max(0, min(limit, self.max_context_len - prompt_len))
+
+    def verdict_tokens(self, request: EngineRequest) -> tuple[int, int]:
+        """The token ids of "1" and "0" for ``sampling.logprob_verdict``, or its refusal: the
+        verdict is P("1") / (P("1") + P("0")) at the first reply token, which means nothing with
+        thinking on or where a digit is not one token."""
+        kwargs = request.sampling.chat_template_kwargs or {}
+        template = str(getattr(self.tokenizer, "chat_template", "") or "")
+        thinking = request.messages is not None and "enable_thinking" in template
+        if thinking and kwargs.get("enable_thinking", True):
+            raise VerdictUnavailableError(
+                "sampling_params.logprob_verdict needs thinking off: with thinking on the "
+                "first reply token is a thought, not a verdict; send "
+                "chat_template_kwargs={'enable_thinking': false}"
+            )
+        ids = []
+        for digit in ("1", "0"):
+            encoded = self.tokenizer(digit, add_special_tokens=False)["input_ids"]
+            if len(encoded) != 1:
+                raise VerdictUnavailableError(
+                    f"sampling_params.logprob_verdict: {digit!r} is not a single token of this "
+                    f"judge's tokenizer (it encodes as {encoded})"
+                )
+            ids.append(int(encoded[0]))
+        return ids[0], ids[1]

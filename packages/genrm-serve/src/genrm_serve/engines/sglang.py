@@ -73,6 +73,7 @@ import contextlib
 import ctypes
 import itertools
 import logging
+import math
 import multiprocessing
 import os
 import queue
@@ -95,6 +96,7 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
 )
 from genrm_serve.engines.output_tail import OutputTail
+from genrm_serve.engines.prefix_tree import build_forest
 from genrm_serve.engines.prompts import PromptEncoder
 from genrm_serve.engines.sglang_args import (
     check_known_server_args,
@@ -146,8 +148,9 @@ FLUSH_RETRY_S = 0.5
 HEALTH_PROBE_TIMEOUT_S = 5.0
 #: How often the child-process watchdog looks.
 CHILD_WATCH_S = 1.0
-#: Longest the engine thread may take to come up after ``sgl.Engine()`` returned.
-_THREAD_READY_S = 30.0
+#: A run shared by prompts of one batch shorter than this is not computed ahead: a round trip
+#: costs more than recomputing it (a GRPO group's question + reference runs hundreds of tokens).
+PREFIX_WARM_MIN_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -358,6 +361,41 @@ def sglang_sampling_params(
     return params
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A request as SGLang gets it: prompt ids, sampling parameters, and the ids of "1" / "0"
+    when it asks for a logprob verdict."""
+
+    ids: list[int]
+    params: dict[str, Any]
+    verdict: tuple[int, int] | None
+
+
+def shared_prefixes(prompts: list[list[int]], min_tokens: int) -> list[list[int]]:
+    """The leading runs of at least ``min_tokens`` that two or more of ``prompts`` share (the
+    roots of their radix tree), each once."""
+    if len(prompts) < 2:
+        return []
+    return [
+        node.tokens
+        for node in build_forest(prompts, min_shared=min_tokens)
+        if len(node.tokens) >= min_tokens and len(node.ending) + len(node.children) > 1
+    ]
+
+
+def verdict_prob(meta: dict[str, Any], one: int, zero: int) -> float:
+    """P("1") / (P("1") + P("0")) at the first reply token, from SGLang's
+    ``output_token_ids_logprobs`` (per output position, ``(logprob, token_id, text)`` for each
+    asked id: ``tokenizer_manager.py``)."""
+    positions = meta.get("output_token_ids_logprobs") or []
+    if not positions:
+        raise EngineError("SGLang returned no output_token_ids_logprobs for a logprob verdict")
+    lp = {int(e[1]): float(e[0]) for e in positions[0]}
+    if one not in lp or zero not in lp:
+        raise EngineError(f"SGLang's first-token log-probs lack token {one} or {zero}: {lp}")
+    return 1.0 / (1.0 + math.exp(lp[zero] - lp[one]))
+
+
 def _finish_reason(meta: dict[str, Any]) -> tuple[FinishReason, str | None]:
     raw = meta.get("finish_reason")
     kind = raw.get("type") if isinstance(raw, dict) else raw
@@ -499,7 +537,15 @@ class SGLangEngine(Engine):
         self.sgl: Any = None
         self.prompts: PromptEncoder | None = None
         self.server_args: dict[str, Any] = {}
-        self.counters = {"batches": 0, "requests": 0, "refused": 0, "flush_retries": 0}
+        self.counters = {
+            "batches": 0,
+            "requests": 0,
+            "refused": 0,
+            "flush_retries": 0,
+            "prefix_warmups": 0,
+            "prefix_warm_tokens": 0,
+            "cached_prompt_tokens": 0,
+        }
         #: SGLang's limits, read after start: prompts over ``prompt_limit`` are refused, and
         #: prompt + new tokens stay below ``context_len``.
         self.context_len = spec.engine_config.max_context_len
@@ -675,8 +721,9 @@ class SGLangEngine(Engine):
             )
         return self.sgl
 
-    def _prepare(self, request: EngineRequest) -> tuple[list[int], dict[str, Any]]:
+    def _prepare(self, request: EngineRequest) -> _Prepared:
         assert self.prompts is not None
+        verdict = self.prompts.verdict_tokens(request) if request.sampling.logprob_verdict else None
         ids = self.prompts.encode(request)
         if not ids:
             raise EngineError("empty prompt")
@@ -686,32 +733,59 @@ class SGLangEngine(Engine):
         wanted = request.sampling.max_response_len or default
         max_new = max(0, min(wanted, self.context_len - 1 - len(ids)))
         deterministic = self.spec.engine_config.deterministic_inference
-        return ids, sglang_sampling_params(request.sampling, max_new, deterministic=deterministic)
+        params = sglang_sampling_params(request.sampling, max_new, deterministic=deterministic)
+        return _Prepared(ids, params, verdict)
+
+    def _submit(self, sgl: Any, prep: _Prepared, return_tokens: bool) -> asyncio.Future[Any]:
+        assert self._thread is not None
+        extra: dict[str, Any] = {}
+        if prep.verdict is not None:  # both digits' log-probs at the first reply token
+            extra["token_ids_logprob"] = list(prep.verdict)
+        fut = self._thread.submit(
+            sgl.async_generate(
+                input_ids=prep.ids,
+                sampling_params=prep.params,
+                return_logprob=return_tokens or prep.verdict is not None,
+                **extra,
+            )
+        )
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+        return asyncio.wrap_future(fut)
+
+    async def _warm_shared_prefixes(self, sgl: Any, prompts: list[list[int]]) -> None:
+        """Have SGLang compute each run that several prompts of this batch share, once, before
+        the prompts themselves: SGLang prefills requests that arrive together side by side, none
+        of them in its radix cache yet, so a GRPO group's judge prompts would each recompute the
+        group's question and reference. A run in the cache already costs only a round trip."""
+        runs = shared_prefixes(prompts, PREFIX_WARM_MIN_TOKENS)
+        if not runs:
+            return
+        params = {"max_new_tokens": 1, "temperature": 0.0}
+        waits = [self._submit(sgl, _Prepared(run, params, None), False) for run in runs]
+        done = await asyncio.gather(*waits, return_exceptions=True)
+        # an optimisation only: a failed warm-up leaves its members to compute the run themselves
+        self.counters["prefix_warmups"] += sum(not isinstance(d, BaseException) for d in done)
+        self.counters["prefix_warm_tokens"] += sum(len(r) for r in runs)
 
     async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
-        """Each request is its own ``async_generate``; errors stay with their request."""
+        """Each request is its own ``async_generate``; errors stay with their request. Runs
+        the batch's prompts share are computed first (:meth:`_warm_shared_prefixes`)."""
         sgl = self._awake("generate")
-        assert self._thread is not None
         results: list[EngineOutput | BaseException] = []
-        waits: dict[int, asyncio.Future[Any]] = {}
-        prepared: dict[int, list[int]] = {}
+        prepared: dict[int, _Prepared] = {}
         for i, request in enumerate(requests):
             try:
-                ids, params = self._prepare(request)
+                prepared[i] = self._prepare(request)
             except EngineError as err:
                 results.append(err)
                 continue
             results.append(EngineError("not run"))
-            prepared[i] = ids
-            fut = self._thread.submit(
-                sgl.async_generate(
-                    input_ids=ids, sampling_params=params, return_logprob=request.return_tokens
-                )
-            )
-            self._pending.add(fut)
-            fut.add_done_callback(self._pending.discard)
-            waits[i] = asyncio.wrap_future(fut)
+        waits: dict[int, asyncio.Future[Any]] = {}
         try:
+            await self._warm_shared_prefixes(sgl, [p.ids for p in prepared.values()])
+            for i, prep in prepared.items():
+                waits[i] = self._submit(sgl, prep, requests[i].return_tokens)
             done = await asyncio.gather(*waits.values(), return_exceptions=True)
         except asyncio.CancelledError:
             for w in waits.values():
@@ -720,7 +794,7 @@ class SGLangEngine(Engine):
         for i, out in zip(waits, done, strict=True):
             request = requests[i]
             if isinstance(out, BaseException):
-                results[i] = self._request_error(len(prepared[i]), out)
+                results[i] = self._request_error(len(prepared[i].ids), out)
             else:
                 results[i] = self._output(request, prepared[i], out)
                 self._last_output = time.monotonic()
@@ -742,10 +816,10 @@ class SGLangEngine(Engine):
             return SGLangPromptTooLongError(prompt_len, self.prompt_limit, text)
         return EngineError(f"engine {self.engine_id}: SGLang refused the request: {text}")
 
-    def _output(
-        self, request: EngineRequest, prompt: list[int], out: dict[str, Any]
-    ) -> EngineOutput:
+    def _output(self, request: EngineRequest, prep: _Prepared, out: dict[str, Any]) -> EngineOutput:
+        prompt = prep.ids
         meta = out.get("meta_info", {})
+        self.counters["cached_prompt_tokens"] += int(meta.get("cached_tokens") or 0)
         finish, abort_message = _finish_reason(meta)
         lp_entries = meta.get("output_token_logprobs") or []
         token_ids = out.get("output_ids")
@@ -761,6 +835,8 @@ class SGLangEngine(Engine):
         )
         if abort_message:
             result.extra["abort"] = abort_message
+        if prep.verdict is not None:
+            result.extra["verdict_prob"] = verdict_prob(meta, *prep.verdict)
         if request.return_tokens:
             result.token_ids = [int(t) for t in token_ids]
             result.logprobs = [float(e[0]) for e in lp_entries]
