@@ -1,0 +1,217 @@
+"""The judge workload on every engine, one process, the same weights: one table.
+
+GRPO-shaped judge batches (``hf_engine.py``'s ``judge`` workload: ``--groups`` groups of
+``--group-size``, ``--shared`` tokens common to a group then ``--private`` of each sample's own,
+one output token, greedy), random weights of ``--shape`` (default the Qwen3-4B shape) built on the
+GPU and saved once, so that SGLang loads exactly the weights the transformers rows use. Rows:
+
+1. plain transformers, one batched forward (the baseline);
+2. our hf engine (packed group prefixes, compiled layers);
+3. raw ``sglang.Engine``, the batch's prompts sent together, radix cache on (fresh groups);
+4. our SGLang engine, the whole batch at once (defer mode, ``generate_batch``): each group's
+   shared run computed first;
+5. our SGLang engine through its worker, the samples arriving spread over ``--spread-ms`` (inline
+   scoring as rollouts finish): what SGLang's radix cache gives without the batch-level warm-up;
+6. the compute bound on unique tokens at ``--tflops``.
+
+Every row has fresh groups (new random prompts), so no row is helped by an earlier one's cache.
+Verdict agreement: each SGLang row's greedy token against raw SGLang's on the same prompts.
+
+    python3 benchmarks/judge_engines.py --server-args '{"attention_backend": "triton",
+        "sampling_backend": "pytorch"}'          # SGLang on PYTHONPATH (sglang_env.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hf_engine  # the judge workload and the hf rows: one owner of both
+
+RESULTS: dict[str, Any] = {"rows": []}
+
+
+def row(name: str, n: int, seconds: float, base: float | None, **extra: Any) -> None:
+    RESULTS["rows"].append({"path": name, "judgments_s": n / seconds, "s": seconds, **extra})
+    ratio = f"{base / seconds:.2f}x" if base else "-"
+    print(f"| {name} | {n / seconds:.1f} | {seconds * 1e3:.0f} | {ratio} |", flush=True)
+
+
+def fresh(args: argparse.Namespace, vocab: int, seed: int) -> list[list[int]]:
+    torch.manual_seed(seed)  # _judge_prompts seeds its own generator: vary the groups per row
+    prompts = hf_engine._judge_prompts(
+        args.groups, args.group_size, args.shared, args.private, vocab, False
+    )
+    offset = seed * 7919
+    return [[10 + (t + offset) % (vocab - 10) for t in p] for p in prompts]
+
+
+def sglang_spec(model_dir: Path, args: argparse.Namespace, extra: dict[str, Any]) -> Any:
+    from genrm_serve.config import EngineConfig, InstanceSpec
+
+    return InstanceSpec(
+        route_key="judge",
+        model_path=str(model_dir),
+        num_gpus=1,
+        engine="sglang",
+        engine_config=EngineConfig(
+            max_batch_size=args.groups * args.group_size,
+            max_context_len=args.shared + args.private + 16,
+            mem_fraction_static=0.6,
+            server_args=extra,
+        ),
+    )
+
+
+def raw_rows(model_dir: Path, args: argparse.Namespace, extra: dict[str, Any], vocab: int) -> Any:
+    import sglang
+
+    eng = sglang.Engine(
+        model_path=str(model_dir),
+        dtype="bfloat16",
+        mem_fraction_static=0.6,
+        enable_memory_saver=True,
+        cuda_graph_backend_prefill="disabled",
+        context_length=args.shared + args.private + 16,
+        **extra,
+    )
+    n = args.groups * args.group_size
+    sp = {"max_new_tokens": 1, "temperature": 0.0}
+    eng.generate(input_ids=fresh(args, vocab, 100), sampling_params=sp)  # warm-up
+    tokens: dict[int, list[int]] = {}
+    times = []
+    for rep in range(args.repeats):
+        prompts = fresh(args, vocab, 200 + rep)
+        t0 = time.perf_counter()
+        outs = eng.generate(input_ids=prompts, sampling_params=sp)
+        times.append(time.perf_counter() - t0)
+        tokens[200 + rep] = [int(o["output_ids"][0]) for o in outs]
+    wall = sorted(times)[len(times) // 2]
+    row("raw sglang.Engine, the batch together (fresh groups)", n, wall, RESULTS["plain_s"])
+    eng.shutdown()
+    return tokens
+
+
+async def ours_rows(
+    model_dir: Path, args: argparse.Namespace, extra: dict[str, Any], vocab: int, raw: Any
+) -> None:
+    from genrm_serve.engines.sglang import SGLangEngine
+    from genrm_serve.engines.worker import EngineWorker
+
+    spec = sglang_spec(model_dir, args, extra)
+    engine = SGLangEngine(spec, "judge/0")
+    worker = EngineWorker(spec, 0, engine=engine)
+    await worker.start()
+    n = args.groups * args.group_size
+    try:
+        await engine.generate(hf_engine._requests(fresh(args, vocab, 100), max_response_len=1))
+        times, agree = [], 0
+        for rep in range(args.repeats):
+            reqs = hf_engine._requests(fresh(args, vocab, 200 + rep), max_response_len=1)
+            for r in reqs:
+                r.sampling = r.sampling.model_copy(update={"temperature": 0.0})
+            t0 = time.perf_counter()
+            outs = await worker.generate_many(reqs)
+            times.append(time.perf_counter() - t0)
+            agree += sum(
+                int((o.token_ids or [-1])[0] == t)
+                for o, t in zip(outs, raw[200 + rep], strict=True)
+            )
+        wall = sorted(times)[len(times) // 2]
+        row(
+            "our SGLang engine, the batch at once (group prefixes first)",
+            n,
+            wall,
+            RESULTS["plain_s"],
+            greedy_equal_raw=f"{agree}/{n * args.repeats}",
+            counters=dict(engine.counters),
+        )
+        # inline scoring: the samples arrive one by one, spread over the window
+        reqs = hf_engine._requests(fresh(args, vocab, 300), max_response_len=1)
+        gap = args.spread_ms / 1e3 / max(len(reqs) - 1, 1)
+        cached_before = engine.counters["cached_prompt_tokens"]
+
+        async def one(i: int, r: Any) -> Any:
+            await asyncio.sleep(i * gap)
+            return await worker.generate(r)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
+        wall = time.perf_counter() - t0
+        cached = engine.counters["cached_prompt_tokens"] - cached_before
+        row(
+            f"our SGLang engine, samples spread over {args.spread_ms:.0f} ms (one engine)",
+            n,
+            wall,
+            RESULTS["plain_s"],
+            cached_prompt_tokens=cached,
+            prompt_tokens=n * (args.shared + args.private),
+        )
+    finally:
+        await worker.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="qwen3-4b", choices=sorted(hf_engine.SHAPES))
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--shared", type=int, default=550)
+    ap.add_argument("--private", type=int, default=150)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spread-ms", type=float, default=1000.0)
+    ap.add_argument("--tflops", type=float, default=790.0)
+    ap.add_argument("--server-args", default="{}", help="JSON: SGLang server args (both rows)")
+    ap.add_argument("--out", default=None, help="JSON results, written after each row")
+    args = ap.parse_args()
+    extra = json.loads(args.server_args)
+    # the hf rows (hf_engine's own code), then the weights saved for SGLang
+    hf_args = argparse.Namespace(
+        shape=args.shape, model=None, engine_module=None, groups=args.groups,
+        group_size=args.group_size, shared=args.shared, private=args.private,
+        repeats=args.repeats, kinds="grouped", no_plain=False, profile=None,
+    )  # fmt: skip
+    engine = hf_engine._engine(hf_args, args.shared + args.private + 8)
+    model = engine.model
+    vocab = int(model.config.vocab_size)
+    n = args.groups * args.group_size
+    print(f"judge: {args.shape}, {args.groups} x {args.group_size}, {args.shared} + {args.private}")
+    print("| path | judgments/s | ms per batch | vs plain |\n|---|---|---|---|")
+    prompts = fresh(args, vocab, 200)
+    plain_s, _cpu, _ = hf_engine._timed(hf_engine._plain_forward(model, prompts), args.repeats)
+    RESULTS["plain_s"] = plain_s
+    row("plain transformers, one batched forward", n, plain_s, None)
+    reqs = hf_engine._requests(prompts, temperature=0.0, max_response_len=1)
+
+    def run_hf(e: Any = engine) -> Any:
+        return asyncio.run(e.generate(reqs))
+
+    hf_s, _cpu, _ = hf_engine._timed(run_hf, args.repeats)
+    row("our hf engine (packed group prefixes, compiled)", n, hf_s, plain_s)
+    folder = Path(engine.spec.model_path)
+    with hf_engine._eager(model):
+        model.save_pretrained(str(folder))
+    params = sum(p.numel() for p in model.parameters())
+    unique = args.groups * (args.shared + args.group_size * args.private)
+    del engine, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    raw = raw_rows(folder, args, extra, vocab)
+    asyncio.run(ours_rows(folder, args, extra, vocab, raw))
+    bound_s = 2 * params * unique / (args.tflops * 1e12)
+    row(f"compute bound on unique tokens ({args.tflops:.0f} TFLOP/s)", n, bound_s, plain_s)
+    if args.out:
+        Path(args.out).write_text(json.dumps(RESULTS, default=str))
+
+
+if __name__ == "__main__":
+    main()
