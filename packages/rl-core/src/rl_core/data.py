@@ -134,6 +134,8 @@ def load_prompt_data(
         limit: stop after this many good records.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"prompt data {str(path)!r} is a folder; give the jsonl file in it")
     if not path.is_file():
         raise DataError(f"prompt data file {str(path)!r} does not exist")
     records: list[PromptRecord] = []

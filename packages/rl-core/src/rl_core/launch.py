@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Coroutine
@@ -65,6 +66,7 @@ from rl_core.placement.realize import (
     create_placement_groups,
 )
 from rl_core.rewards import PostProcessHook, custom_post_process, defer_swap_post_process
+from rl_core.stopping import StopRequest
 from rl_core.trainer import GRPOTrainer, RewardSetup
 from rl_core.weight_sync import choose_weight_sync, make_weight_sync
 
@@ -152,7 +154,9 @@ def _reward_setup(cfg: TrainConfig) -> RewardSetup:
 
         hook: PostProcessHook = defer_swap_post_process
         if cfg.custom_reward_post_process_path:
-            user_hook = load_custom(cfg.custom_reward_post_process_path)
+            user_hook = load_custom(
+                cfg.custom_reward_post_process_path, setting="--custom-reward-post-process-path"
+            )
             hook = custom_post_process(user_hook)
         return RewardSetup(
             args=cfg,
@@ -324,7 +328,13 @@ async def start_judge_service(
     # which meanwhile starts what else the plan has.
     stack.push_async_callback(asyncio.to_thread, shutdown_serve)
     await asyncio.to_thread(deploy, build_app(instances, engines=refs, args=sargs), sargs)
-    await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S)
+    # an engine that cannot start ends the wait with its error (EngineStartError); a cancelled
+    # start (Ctrl-C, a failed sibling step) ends it at the next poll, not at the deadline
+    stop = threading.Event()
+    try:
+        await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S, stop=stop)
+    finally:
+        stop.set()
     return sargs.url, actors
 
 
@@ -372,8 +382,15 @@ def _init_ray(plan: PlacementPlan) -> bool:
     return True
 
 
-async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
-    """Run the whole job from a config: the realised plan, then the GRPO loop. Exit status."""
+async def run_training(
+    cfg: TrainConfig, console: Console | None = None, stop: StopRequest | None = None
+) -> int:
+    """Run the whole job from a config: the realised plan, then the GRPO loop. Exit status.
+
+    With ``stop``, SIGTERM / SIGINT are handled from the moment Ray is up: during start-up
+    they cancel the run, in the loop they stop it at a safe point with the last completed step
+    saved; the status is then ``stop.exit_code`` and ``stop_report`` says what was saved.
+    """
     apply_ray_env_defaults(disable_auth=True)
     import ray
 
@@ -390,6 +407,9 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         t0 = time.perf_counter()
         if _init_ray(plan):
             stack.callback(ray.shutdown)
+        if stop is not None:
+            stop.install()  # after ray.init, whose SIGTERM handler dumps a stack and aborts
+            stack.callback(stop.uninstall)
         use_gpus = _cluster_gpus() > 0
         _check_capacity(plan, use_gpus)
         realized = await asyncio.to_thread(create_placement_groups, plan, use_gpus=use_gpus)
@@ -479,8 +499,12 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
             clock=PhaseClock(console),
             weight_sync=weight_sync,
             memory_probe=GpuMemoryProbe(learner, engine_actors) if use_gpus else None,
+            stop=stop,
         )
         history = await trainer.run()
+    if trainer.stop_report is not None and stop is not None:
+        stop.report = trainer.stop_report
+        return stop.exit_code
 
     from rl_core.plot import plot_run
     from rl_core.summary import render_summary
