@@ -36,6 +36,7 @@ from genrm_serve import (
     EngineConfig,
     EnginePlacement,
     EngineRef,
+    EngineStartError,
     InstanceSpec,
     ServeArgs,
     apply_ray_env_defaults,
@@ -291,9 +292,16 @@ async def start_rollout_engines(
 ) -> list[RayEngineHandle]:
     """One engine actor per rollout engine of the plan, in its bundles, started concurrently."""
     actors = create_engine_workers(realized, "rollout", spec, name_prefix=name_prefix)
-    await asyncio.gather(
-        *(asyncio.wait_for(a.start.remote(), ENGINE_START_TIMEOUT_S) for a in actors)
-    )
+    try:
+        await asyncio.gather(
+            *(asyncio.wait_for(a.start.remote(), ENGINE_START_TIMEOUT_S) for a in actors)
+        )
+    except Exception as err:  # the engine's own error, in one line, not Ray's remote traceback
+        cause = getattr(err, "cause", None) or err
+        first = (str(cause).strip().splitlines() or [""])[0]
+        raise EngineStartError(
+            f"a rollout engine ({spec.model_path}) did not start: {type(cause).__name__}: {first}"
+        ) from err
     return [RayEngineHandle(a, f"rollout-{i}") for i, a in enumerate(actors)]
 
 
