@@ -12,6 +12,7 @@ cluster and on a CPU machine (bundles of CPUs, or Ray's logical GPUs with ``--de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import logging
@@ -20,7 +21,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, TypeVar
@@ -252,6 +253,24 @@ def judge_specs(cfg: TrainConfig) -> dict[str, InstanceSpec]:
     }
 
 
+#: How long a cancelled start-up waits for a blocking Ray call in a thread to return.
+RAY_CALL_SETTLE_S = 30.0
+
+
+async def _ray_call_in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``fn`` (blocking, it calls Ray's API) in a thread. Cancelled (Ctrl-C during start-up),
+    it still lets the call return, for up to :data:`RAY_CALL_SETTLE_S`, before the
+    cancellation goes on to ``ray.shutdown``: a Ray call made after the shutdown ends the whole
+    process from that thread (exit 1, no clean-up)."""
+    call = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(call, RAY_CALL_SETTLE_S)
+        raise
+
+
 async def _timed(startup: dict[str, float], key: str, step: Awaitable[T]) -> T:
     """Await ``step``, recording its seconds under ``key``."""
     t0 = time.perf_counter()
@@ -335,7 +354,7 @@ async def start_judge_service(
     # Serve is shut down however this ends (a start cut short too); both block: off the loop,
     # which meanwhile starts what else the plan has.
     stack.push_async_callback(asyncio.to_thread, shutdown_serve)
-    await asyncio.to_thread(deploy, build_app(instances, engines=refs, args=sargs), sargs)
+    await _ray_call_in_thread(deploy, build_app(instances, engines=refs, args=sargs), sargs)
     # an engine that cannot start ends the wait with its error (EngineStartError); a cancelled
     # start (Ctrl-C, a failed sibling step) ends it at the next poll, not at the deadline
     stop = threading.Event()
@@ -413,14 +432,16 @@ async def run_training(
 
     async with AsyncExitStack() as stack:
         t0 = time.perf_counter()
+        if stop is not None:
+            stop.install()
+            stack.callback(stop.uninstall)
         if _init_ray(plan):
             stack.callback(ray.shutdown)
         if stop is not None:
-            stop.install()  # after ray.init, whose SIGTERM handler dumps a stack and aborts
-            stack.callback(stop.uninstall)
+            stop.install()  # again: ray.init installs a SIGTERM handler that dumps and aborts
         use_gpus = _cluster_gpus() > 0
         _check_capacity(plan, use_gpus)
-        realized = await asyncio.to_thread(create_placement_groups, plan, use_gpus=use_gpus)
+        realized = await _ray_call_in_thread(create_placement_groups, plan, use_gpus=use_gpus)
         stack.callback(realized.remove)
         startup["ray"] = time.perf_counter() - t0
 

@@ -33,6 +33,8 @@ class StopRequest:
         self.graceful = False
         #: What was saved, in one line, once the run stopped.
         self.report: str | None = None
+        #: Stop signals received (a second one stops at once).
+        self.count = 0
         self._task: asyncio.Task[object] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -64,6 +66,7 @@ class StopRequest:
         self._loop = None
 
     def _received(self, signum: int) -> None:
+        self.count += 1
         first = self.signum is None
         if first:
             self.signum = signum
