@@ -118,6 +118,10 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             r"one_bad.jsonl:2: invalid json.*\(--strict-data\)",
         ),
         "wrong input key": (["--input-key", "question"], r"missing key 'question' \(--input-key\)"),
+        "wrong input key on the generated set": (
+            ["--prompt-data", "gen:easy-math", "--input-key", "question"],
+            r"--prompt-data gen:easy-math: .*missing key 'question' \(--input-key\)",
+        ),
         "unknown rm type": (["--rm-type", "nope"], r"--rm-type nope: rm_type='nope'; registered"),
         "custom rm path without a dot": (
             ["--custom-rm-path", "nodot"],

@@ -252,6 +252,11 @@ def make_easy_math(n: int, *, seed: int, shots: int = 4) -> list[PromptRecord]:
     return records
 
 
+def record_json(record: PromptRecord) -> dict[str, Any]:
+    """A record as a line of a prompt file (how the demo's generated sets are written)."""
+    return {"prompt": record.prompt, "label": record.label, "metadata": record.metadata}
+
+
 def iter_batches(records: Sequence[PromptRecord], size: int) -> Iterator[list[PromptRecord]]:
     """Consecutive batches of ``size`` records (the last one may be shorter)."""
     for start in range(0, len(records), size):

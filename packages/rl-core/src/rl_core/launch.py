@@ -49,7 +49,7 @@ from genrm_serve import (
     wait_until_healthy,
 )
 from rl_core.config import GENERATED_DATA, TrainConfig
-from rl_core.data import PromptDataset, load_prompt_data, make_easy_math
+from rl_core.data import PromptDataset, load_prompt_data, make_easy_math, record_json
 from rl_core.distributed import ForwardGroup, TrainGroup
 from rl_core.engines import RayEngineHandle
 from rl_core.layout import read_layout, write_layout
@@ -97,7 +97,7 @@ def load_data(spec: str, cfg: TrainConfig, run_dir: Path, *, eval_set: bool) -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", encoding="utf-8") as f:
             for r in make_easy_math(n, seed=seed):
-                f.write(json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}))
+                f.write(json.dumps(record_json(r)))
                 f.write("\n")
         spec = str(path)
     ds = load_prompt_data(

@@ -23,7 +23,7 @@ from rl_core.checkpoints import (
     read_checkpoint_state,
 )
 from rl_core.config import GENERATED_DATA, ConfigError, TrainConfig
-from rl_core.data import DataError, load_prompt_data
+from rl_core.data import DataError, load_prompt_data, make_easy_math, parse_record, record_json
 
 __all__ = ["check_data", "check_load", "check_models", "check_rewards", "check_save", "preflight"]
 
@@ -80,7 +80,16 @@ def check_data(cfg: TrainConfig) -> None:
         ("--prompt-data", cfg.prompt_data),
         ("--eval-prompt-data", cfg.eval_prompt_data),
     ):
-        if spec is None or spec in GENERATED_DATA:
+        if spec is None:
+            continue
+        if spec in GENERATED_DATA:  # written at start-up, with the demo's keys
+            (sample,) = make_easy_math(1, seed=0)
+            try:
+                parse_record(record_json(sample), input_key=cfg.input_key, label_key=cfg.label_key)
+            except DataError as err:
+                raise ConfigError(
+                    f"{flag} {spec}: the generated records do not fit: {err}"
+                ) from None
             continue
         try:
             load_prompt_data(
