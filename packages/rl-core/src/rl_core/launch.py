@@ -530,6 +530,8 @@ async def run_training(
             memory_probe=GpuMemoryProbe(learner, engine_actors) if use_gpus else None,
             stop=stop,
         )
+        if stop is not None:
+            stack.callback(stop.abrupt)  # a run that fails unwinds without waiting for a step
         history = await trainer.run()
     if trainer.stop_report is not None and stop is not None:
         stop.report = trainer.stop_report

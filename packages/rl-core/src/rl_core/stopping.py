@@ -59,6 +59,11 @@ class StopRequest:
         for sig in STOP_SIGNALS:
             self._loop.add_signal_handler(sig, self._received, sig)
 
+    def abrupt(self) -> None:
+        """From now on a signal cancels the run at once: the loop is over (or failed), nothing
+        is left to save."""
+        self.graceful = False
+
     def uninstall(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
             for sig in STOP_SIGNALS:

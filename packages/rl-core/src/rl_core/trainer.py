@@ -221,50 +221,44 @@ class GRPOTrainer:
         steps = range(self.start_step, self.cfg.num_rollout)
         ahead: asyncio.Task[tuple[list[Sample], dict[str, float]]] | None = None
         if self.stop is not None:
-            self.stop.graceful = True
-        try:
-            for step in steps:
-                if self.stopping:
-                    break
-                await self.phases.enter("inference")
-                rolled = await self._unless_stopped(ahead or self.rollout(step))
-                ahead = None
-                if rolled is None:
-                    break  # a stop signal: this step is abandoned
-                batch, times = rolled
-                if self.overlap and step + 1 < self.cfg.num_rollout:
-                    ahead = asyncio.ensure_future(self.rollout(step + 1))
-                self._check_staleness(batch, max_staleness=1 if self.overlap else 0)
-                errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step + 1)
-                adv = self.advantages(batch)
-                await self.record_memory("inference")
-
-                await self.phases.enter("train")
-                t0 = time.perf_counter()
-                train_metrics = await self.train(batch)
-                times["train"] = time.perf_counter() - t0
-                await self.record_memory("train")
-
-                t0 = time.perf_counter()
-                if not self.overlap:
-                    await self.phases.enter("inference")
-                times["wake"] = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                await self.sync_weights(self.weight_version + 1)
-                times["weight_sync"] = time.perf_counter() - t0
-                await self.record_memory("weight_sync")
-
-                await self.finish_step(step, batch, adv, errors, train_metrics, times)
+            self.stop.graceful = True  # a signal now stops at a safe point (and saves)
+        for step in steps:
             if self.stopping:
-                if ahead is not None:
-                    ahead.cancel()
-                    with contextlib.suppress(BaseException):
-                        await ahead
-                await self._save_on_stop()
-        finally:
-            if self.stop is not None:
-                self.stop.graceful = False
-            self.metrics.close()
+                break
+            await self.phases.enter("inference")
+            rolled = await self._unless_stopped(ahead or self.rollout(step))
+            ahead = None
+            if rolled is None:
+                break  # a stop signal: this step is abandoned, the resume redoes it
+            batch, times = rolled
+            if self.overlap and step + 1 < self.cfg.num_rollout:
+                ahead = asyncio.ensure_future(self.rollout(step + 1))
+            self._check_staleness(batch, max_staleness=1 if self.overlap else 0)
+            errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step + 1)
+            adv = self.advantages(batch)
+            await self.record_memory("inference")
+
+            await self.phases.enter("train")
+            t0 = time.perf_counter()
+            train_metrics = await self.train(batch)
+            times["train"] = time.perf_counter() - t0
+            await self.record_memory("train")
+
+            t0 = time.perf_counter()
+            if not self.overlap:
+                await self.phases.enter("inference")
+            times["wake"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            await self.sync_weights(self.weight_version + 1)
+            times["weight_sync"] = time.perf_counter() - t0
+            await self.record_memory("weight_sync")
+
+            await self.finish_step(step, batch, adv, errors, train_metrics, times)
+        if self.stopping:
+            await self._save_on_stop(ahead)
+        if self.stop is not None:
+            self.stop.abrupt()
+        self.metrics.close()
         return self.history
 
     @property
@@ -288,8 +282,14 @@ class GRPOTrainer:
                     await task
         return None if task.cancelled() else task.result()
 
-    async def _save_on_stop(self) -> None:
+    async def _save_on_stop(self, ahead: asyncio.Task[Any] | None) -> None:
+        """The last completed step saved (unless it is already), and what was saved said in
+        :attr:`stop_report`; a rollout started ahead (fully-async) is dropped."""
         assert self.stop is not None
+        if ahead is not None:
+            ahead.cancel()
+            with contextlib.suppress(BaseException):
+                await ahead
         done = self.history[-1].step if self.history else self.start_step
         where = f"stopped by {self.stop.name} after step {done} of {self.cfg.num_rollout}"
         if not self.cfg.save:
