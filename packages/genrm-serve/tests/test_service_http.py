@@ -22,7 +22,7 @@ import pytest
 import ray
 
 from genrm_client.types import DEFAULT_ROUTE_KEY
-from genrm_serve.app import build_app, deploy, wait_until_healthy
+from genrm_serve.app import EngineStartError, build_app, deploy, wait_until_healthy
 from genrm_serve.config import build_instances
 from genrm_serve.serve_args import ServeArgs
 
@@ -611,6 +611,55 @@ def test_max_response_len_over_max_context_len_is_422_naming_the_field(multi: Se
     )
     assert chat.status_code == 422
     assert f"max_tokens={10**12}" in chat.json()["error"]["message"]
+
+
+# ---- an engine restart is a delay; an engine that cannot start fails the start -----------------
+
+
+async def test_requests_wait_for_a_killed_engine_to_be_recreated(multi: ServeArgs) -> None:
+    """safety has one engine: with it killed, requests sent at once (some reach the dead actor,
+    some arrive while it is re-created) are all answered by the new one, none fails."""
+    (victim,) = _get(multi, "/engines").json()["instances"]["safety"]
+    ray.kill(ray.get_actor(victim["actor_name"], namespace=victim["namespace"]))
+    body = {"messages": [USER], "route_key": "safety"}
+    async with httpx.AsyncClient(base_url=multi.url, timeout=60.0) as client:
+        replies = await asyncio.gather(*(client.post("/generate", json=body) for _ in range(8)))
+    assert [r.status_code for r in replies] == [200] * 8, [r.text for r in replies]
+    assert {r.json()["response"] for r in replies} == {"s|safety|safety/0"}
+    (after,) = _get(multi, "/engines").json()["instances"]["safety"]
+    assert after["restarts"] == victim["restarts"] + 1 and after["state"] == "healthy"
+
+
+def test_an_engine_that_cannot_start_fails_the_service_start_with_its_error(
+    serve_port: int,
+) -> None:
+    """Its start fails, it is re-created, the start fails again: the wait ends at once with the
+    engine's own error (not at the 30-minute start deadline), and the engine is not re-created
+    again."""
+    from ray import serve
+
+    instances = build_instances(model_path="/no/such/judge-script.json", engine="scripted")
+    args = ServeArgs(
+        port=serve_port,
+        app_name="broken",
+        route_prefix="/broken/genrm",
+        api_key=None,
+        engine_num_cpus=0.1,
+        health_check_period_s=0.5,
+        restart_backoff_s=0.5,
+    )
+    deploy(build_app(instances, args=args), args)
+    start = time.monotonic()
+    try:
+        with pytest.raises(EngineStartError, match=r"__default__/0: failed .*judge-script\.json"):
+            wait_until_healthy(args, 600)
+        assert time.monotonic() - start < 60
+        (engine,) = _get(args, "/engines").json()["instances"][DEFAULT_ROUTE_KEY]
+        assert engine["state"] == "failed" and engine["restarts"] == 1
+        refused = _post(args, "/generate", {"messages": [USER]})
+        assert refused.status_code == 503 and "judge-script.json" in refused.text
+    finally:
+        serve.delete("broken")
 
 
 # ---- one retry owner -------------------------------------------------------------------------

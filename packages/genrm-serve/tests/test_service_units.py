@@ -160,6 +160,51 @@ async def test_no_healthy_engine_is_503_at_once_and_fails_the_waiters() -> None:
     r.release(held)
 
 
+def _recreatable_router() -> InstanceRouter:
+    """One engine the service re-creates when it dies (its placement is known), serving."""
+    r = _router(engines=1, limit=1)
+    r.slots[0].ref = EngineRef(placement=object())  # type: ignore[arg-type]
+    r.set_state(r.slots[0], "healthy")
+    return r
+
+
+async def test_a_request_waits_for_an_engine_being_recreated() -> None:
+    r = _recreatable_router()
+    r.set_state(r.slots[0], "dead", "actor died")
+    r.admit()  # not refused: the engine comes back
+    waiter = asyncio.ensure_future(r.acquire())
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    r.set_state(r.slots[0], "starting", "loading the model")
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    r.set_state(r.slots[0], "healthy")
+    assert (await asyncio.wait_for(waiter, 1)) is r.slots[0]
+
+
+async def test_a_waiter_fails_when_the_recreated_engine_cannot_start() -> None:
+    r = _recreatable_router()
+    r.set_state(r.slots[0], "pending", "re-creating")
+    waiter = asyncio.ensure_future(r.acquire())
+    await asyncio.sleep(0.01)
+    r.set_state(r.slots[0], "failed", "start failed again: no such model")
+    with pytest.raises(ServiceError) as info:
+        await waiter
+    assert info.value.status == 503 and "no such model" in info.value.message
+    status, body = health_report({"q": r})
+    assert status == 503 and body["instances"]["q"]["engines_failed"] == 1
+
+
+async def test_an_engine_that_never_served_is_not_waited_for() -> None:
+    """Before its first start a request is refused at once (503, the client's retry), as a
+    service still loading is."""
+    r = _router(engines=1, limit=1)
+    r.slots[0].ref = EngineRef(placement=object())  # type: ignore[arg-type]
+    r.set_state(r.slots[0], "starting", "loading the model")
+    with pytest.raises(ServiceError):
+        r.admit()
+
+
 async def test_retry_excludes_the_failed_engine() -> None:
     r = _router(limit=4)
     slot = await r.acquire(1, frozenset({"q/0"}))

@@ -58,6 +58,8 @@ def custom_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
                     return {"score": 0.25, "status": "ok"}
             scorer = Scorer()
             NOT_CALLABLE = 3
+            async def one_arg(sample):
+                return {"score": 1.0}
             """
         )
     )
@@ -82,11 +84,18 @@ async def test_load_custom_async_function(custom_module: str) -> None:
         ("my_rewards_pkg.fns.missing", r"has no attribute 'missing'.*good"),
         ("my_rewards_pkg.fns.sync_fn", r"synchronous callable.*async def"),
         ("my_rewards_pkg.fns.NOT_CALLABLE", r"not callable"),
+        ("my_rewards_pkg.fns.one_arg", r"one_arg\(sample\) cannot be called with two arguments"),
     ],
 )
 def test_load_custom_errors(custom_module: str, path: str, message: str) -> None:
     with pytest.raises(RewardConfigError, match=message):
         load_custom(path)
+
+
+def test_load_custom_names_the_setting_it_came_from(custom_module: str) -> None:
+    """A post-process hook's error names its own flag, not --custom-rm-path."""
+    with pytest.raises(RewardConfigError, match=r"^--custom-reward-post-process-path='x\.nope'"):
+        load_custom("x.nope", setting="--custom-reward-post-process-path")
 
 
 def test_resolve_prefers_custom_path(custom_module: str) -> None:

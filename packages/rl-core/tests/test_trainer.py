@@ -173,7 +173,7 @@ async def test_too_many_judge_errors_stop_the_run(
         test_engine_factory,
         reward=ScriptedReward(fail_every=1),
     )
-    with pytest.raises(JudgeFailureError, match="8 of 8 samples have no reward"):
+    with pytest.raises(JudgeFailureError, match=r"^step 1: 8 of 8 samples have no reward"):
         await trainer.run()
 
 

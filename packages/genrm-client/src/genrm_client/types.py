@@ -164,6 +164,9 @@ class InstanceHealth(_Reply):
     status: Literal["healthy", "degraded", "unhealthy", "asleep"]
     engines_total: int | None = None
     engines_healthy: int | None = None
+    #: Engines whose start failed again after a re-creation: the service will not bring them
+    #: back (a waiter should stop waiting and show ``detail``).
+    engines_failed: int | None = None
     detail: str | None = None
 
 

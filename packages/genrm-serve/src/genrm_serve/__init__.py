@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     # the service
     "build_app": "genrm_serve.app",
     "deploy": "genrm_serve.app",
+    "EngineStartError": "genrm_serve.app",
     "shutdown_serve": "genrm_serve.app",
     "wait_until_healthy": "genrm_serve.app",
     "EnginePlacement": "genrm_serve.engine_refs",
@@ -70,6 +71,7 @@ __all__ = [
     "EnginePlacement",
     "EngineRef",
     "EngineRequest",
+    "EngineStartError",
     "EngineWorker",
     "GenRMConfigError",
     "HostOffloader",
@@ -109,7 +111,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the names as type checkers see them
-    from genrm_serve.app import build_app, deploy, shutdown_serve, wait_until_healthy
+    from genrm_serve.app import (
+        EngineStartError,
+        build_app,
+        deploy,
+        shutdown_serve,
+        wait_until_healthy,
+    )
     from genrm_serve.capacity import CapacityError, check_fits
     from genrm_serve.config import (
         EngineConfig,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -152,6 +153,23 @@ def shutdown_serve(timeout_s: float = limits.SERVE_GONE_WAIT_S) -> None:
     logger.warning("Serve's controller is still shutting down after %.0f s", timeout_s)
 
 
+class EngineStartError(RuntimeError):
+    """An engine's start failed again after a re-creation: the service will not come up."""
+
+
+def _failed_engines(body: object) -> str | None:
+    """The health body's word on engines the service gave up on, if any."""
+    instances = body.get("instances") if isinstance(body, dict) else None
+    if not isinstance(instances, dict):
+        return None
+    failed = [
+        f"{key}: {h.get('detail')}"
+        for key, h in instances.items()
+        if isinstance(h, dict) and h.get("engines_failed")
+    ]
+    return "; ".join(failed) or None
+
+
 def wait_until_healthy(
     args: ServeArgs,
     timeout_s: float,
@@ -160,13 +178,17 @@ def wait_until_healthy(
     log_every_s: float = limits.PROGRESS_EVERY_S,
     unreachable_s: float = limits.SERVE_UNREACHABLE_S,
     progress: Callable[[float, object], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[str, object]:
     """Poll ``GET /health`` until 200; report what is still starting; raise ``TimeoutError``
     at ``timeout_s``, or once nothing has answered for ``unreachable_s`` (a 503 while the
-    engines load is an answer; a refused connection is not).
+    engines load is an answer; a refused connection is not), and ``EngineStartError`` at once
+    when an engine failed to start again after its re-creation (it would fail every time).
 
     ``progress(elapsed_s, last_health_body)`` is called after every poll (the CLI draws one
-    updating line from it); without it, one INFO line every ``log_every_s``.
+    updating line from it); without it, one INFO line every ``log_every_s``. ``stop``, when
+    set, ends the wait with ``TimeoutError`` at the next poll (a caller in another thread was
+    cancelled: Ctrl-C must not wait for the deadline).
     """
     start = time.monotonic()
     deadline = start + timeout_s
@@ -183,6 +205,11 @@ def wait_until_healthy(
                     return dict(r.json())
             except (httpx.HTTPError, ValueError) as err:
                 last = repr(err)
+            failed = _failed_engines(last)
+            if failed:
+                raise EngineStartError(f"GenRM service cannot start: {failed}")
+            if stop is not None and stop.is_set():
+                raise TimeoutError("GenRM service: stopped waiting for the engines (cancelled)")
             now = time.monotonic()
             if now - answered >= unreachable_s:
                 raise TimeoutError(

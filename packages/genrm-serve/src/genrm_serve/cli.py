@@ -375,7 +375,7 @@ def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _raise_stop)  # ray.init installed its own (sys.exit)
         from ray import serve
 
-        from genrm_serve.app import build_app, deploy, wait_until_healthy
+        from genrm_serve.app import EngineStartError, build_app, deploy, wait_until_healthy
 
         try:
             _check_capacity(instances, args)
@@ -388,7 +388,7 @@ def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
         progress = _HealthProgress(sys.stderr)
         try:
             report = wait_until_healthy(args, ns.ready_timeout, progress=progress)
-        except TimeoutError as err:
+        except (TimeoutError, EngineStartError) as err:
             progress.done()
             print(f"error: {err}", file=sys.stderr)
             return 1

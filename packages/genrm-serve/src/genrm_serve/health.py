@@ -29,10 +29,12 @@ def instance_health(router: InstanceRouter) -> InstanceHealth:
         for s in router.slots
         if not s.healthy
     )
+    failed = sum(1 for s in router.slots if s.state == "failed")
     return InstanceHealth(
         status="degraded" if healthy else "unhealthy",
         engines_total=total,
         engines_healthy=healthy,
+        engines_failed=failed or None,
         detail=down,
     )
 

@@ -43,8 +43,9 @@ logger = logging.getLogger(__name__)
 
 #: pending: no actor yet (being created, or waiting out the restart back-off); starting: the
 #: actor exists and loads its model; healthy: serving; unhealthy: a probe failed; dead: the
-#: actor is gone.
-SlotState = Literal["pending", "starting", "healthy", "unhealthy", "dead"]
+#: actor is gone; failed: its start failed again after a re-creation (a missing model, a config
+#: the engine refuses, out of memory at load): it is not re-created again.
+SlotState = Literal["pending", "starting", "healthy", "unhealthy", "dead", "failed"]
 
 _ACTOR_GONE = (RayActorError, ActorUnavailableError)
 
@@ -101,6 +102,8 @@ class EngineSlot:
     owned: bool = False
     #: Asleep at its last health probe.
     asleep: bool = False
+    #: Has been healthy once: a later outage is a restart, which requests wait out.
+    served: bool = False
     job: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -110,6 +113,16 @@ class EngineSlot:
     @property
     def healthy(self) -> bool:
         return self.state == "healthy"
+
+    @property
+    def reviving(self) -> bool:
+        """Down, but the supervisor brings it back (re-created, or looked up again once the
+        leader re-created it): a request may wait for it instead of failing."""
+        return (
+            self.served
+            and self.state in ("pending", "starting", "dead")
+            and (self.ref.recreatable or self.ref.reattach)
+        )
 
 
 @dataclass
@@ -199,6 +212,7 @@ class InstanceRouter:
             logger.info("engine %s: %s -> %s (%s)", slot.engine_id, slot.state, state, detail)
         slot.state = state
         slot.detail = detail
+        slot.served = slot.served or state == "healthy"
         self._dispatch()
 
     def engine_reports(self, slot: EngineSlot, *, asleep: bool) -> None:
@@ -241,7 +255,7 @@ class InstanceRouter:
         """Refuse now (429 / 503) what the instance cannot take; never waits."""
         if self._refusing:
             raise ServiceError.asleep(self.route_key)
-        if not any(s.healthy for s in self.slots):
+        if not any(s.healthy or s.reviving for s in self.slots):
             raise self._no_engine_error()
         queued = self.queued
         would_wait = bool(self._waiters) or self._pick(n, frozenset()) is None
@@ -283,7 +297,7 @@ class InstanceRouter:
                 self._waiters.popleft()
                 waiter.future.set_exception(ServiceError.asleep(self.route_key))
                 continue
-            if not any(s.healthy and s.engine_id not in waiter.exclude for s in self.slots):
+            if not self._can_serve(waiter.exclude):
                 self._waiters.popleft()
                 waiter.future.set_exception(self._no_engine_error(waiter.exclude))
                 continue
@@ -294,6 +308,11 @@ class InstanceRouter:
             self._take(slot, waiter.n)
             waiter.future.set_result(slot)
 
+    def _can_serve(self, exclude: frozenset[str]) -> bool:
+        """Some engine serves now, or will once re-created: a request waits for it (within its
+        deadline) rather than fail, so an engine restart is a delay and not a judge error."""
+        return any((s.healthy and s.engine_id not in exclude) or s.reviving for s in self.slots)
+
     async def acquire(self, n: int = 1, exclude: frozenset[str] = frozenset()) -> EngineSlot:
         """Reserve ``n`` request slots on the least-loaded healthy engine, waiting in line."""
         if self._refusing:
@@ -303,7 +322,7 @@ class InstanceRouter:
             if slot is not None:
                 self._take(slot, n)
                 return slot
-        if not any(s.healthy and s.engine_id not in exclude for s in self.slots):
+        if not self._can_serve(exclude):
             raise self._no_engine_error(exclude)
         future: asyncio.Future[EngineSlot] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(n, exclude, future)
@@ -388,9 +407,12 @@ class InstanceRouter:
     async def _elsewhere(
         self, failure: _EngineFailure, n: int, method: str, payload: Any, **kwargs: Any
     ) -> tuple[Any, EngineSlot]:
-        """The one retry: on another engine than the one that failed."""
+        """The one retry: on another engine than the one that failed — or on the same one once
+        it is re-created (a new actor), when it died."""
+        failed = failure.slot
+        exclude = frozenset() if failed.reviving else frozenset({failed.engine_id})
         try:
-            retry = await self.acquire(n, frozenset({failure.slot.engine_id}))
+            retry = await self.acquire(n, exclude)
         except ServiceError as err:
             if failure.asleep:  # engines put to sleep directly on their actors (rl-core)
                 raise ServiceError.asleep(self.route_key) from err

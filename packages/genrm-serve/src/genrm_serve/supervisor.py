@@ -107,6 +107,8 @@ class EngineSupervisor:
     # ---- one slot ------------------------------------------------------------------------
 
     async def _tend(self, router: InstanceRouter, slot: EngineSlot) -> None:
+        if slot.state == "failed":
+            return  # its start failed after a re-creation too: not tried again
         try:
             if slot.handle is None:
                 if time.monotonic() < slot.next_attempt_at:
@@ -143,6 +145,19 @@ class EngineSupervisor:
         else:
             router.set_state(slot, "dead", detail)
 
+    def _give_up(self, router: InstanceRouter, slot: EngineSlot, error: str) -> None:
+        """A start that fails again after a re-creation fails the same way every time (a
+        missing model, a config the engine refuses, out of memory at load): say so now, with
+        the engine's own error, instead of re-creating it until a caller's deadline."""
+        old, slot.handle = slot.handle, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(old, no_restart=True)
+        logger.error("engine %s: start failed again after a re-creation: %s", slot.engine_id, error)
+        router.set_state(
+            slot, "failed", f"start failed again after a re-creation, not retried: {error}"
+        )
+
     async def _create(self, router: InstanceRouter, slot: EngineSlot) -> None:
         ref = slot.ref
         if ref.handle is not None and slot.restarts == 0 and slot.failures_in_row == 0:
@@ -177,7 +192,10 @@ class EngineSupervisor:
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            self._failed(router, slot, f"start failed: {error_message(err)}")
+            if slot.failures_in_row and slot.ref.recreatable:
+                self._give_up(router, slot, error_message(err))
+            else:
+                self._failed(router, slot, f"start failed: {error_message(err)}")
             return
         slot.failures_in_row = 0
         router.set_state(slot, "healthy", None)

@@ -97,18 +97,22 @@ def get_batch_reward_fn(name: str) -> BatchRewardFn:
     return entry.batch_fn if entry.batch_fn is not None else as_batch(fn)
 
 
-def load_custom(path: str) -> RewardFn:
-    """Import ``package.module.func`` (or ``package.module:func``) and check it is async.
+def load_custom(path: str, *, setting: str = "custom_rm_path") -> RewardFn:
+    """Import ``package.module.func`` (or ``package.module:func``) and check it is async and
+    takes two positional arguments (``args`` and a sample, or a batch for a post-process hook).
+
+    ``setting`` is the name the errors give the path: reward functions and post-process hooks
+    load the same way but come from different flags, and an error must name the one to fix.
 
     Raises:
         RewardConfigError: the path is malformed, the module cannot be found, the attribute is
-            missing, or it is not an async callable.
+            missing, it is not an async callable, or it cannot be called with two arguments.
     """
     text = path.strip() if isinstance(path, str) else ""
     module_name, sep, attr = text.rpartition(":") if ":" in text else text.rpartition(".")
     if not sep or not module_name or not attr:
         raise RewardConfigError(
-            f"custom_rm_path={path!r} must be 'module.func' or 'module:func' (a dotted module "
+            f"{setting}={path!r} must be 'module.func' or 'module:func' (a dotted module "
             "path and an attribute name)"
         )
     try:
@@ -116,26 +120,43 @@ def load_custom(path: str) -> RewardFn:
     except ModuleNotFoundError as err:
         if err.name is not None and module_name.startswith(err.name):
             raise RewardConfigError(
-                f"custom_rm_path={path!r}: module {module_name!r} not found (is it on "
+                f"{setting}={path!r}: module {module_name!r} not found (is it on "
                 f"PYTHONPATH / installed? missing: {err.name!r})"
             ) from err
         raise RewardConfigError(
-            f"custom_rm_path={path!r}: module {module_name!r} was found but failed to import: {err}"
+            f"{setting}={path!r}: module {module_name!r} was found but failed to import: {err}"
         ) from err
     fn = getattr(module, attr, None)
     if fn is None:
         public = sorted(n for n in vars(module) if not n.startswith("_"))
         raise RewardConfigError(
-            f"custom_rm_path={path!r}: module {module_name!r} has no attribute {attr!r} "
+            f"{setting}={path!r}: module {module_name!r} has no attribute {attr!r} "
             f"(it defines: {', '.join(public[:20]) or 'nothing public'})"
         )
     if not _is_async_callable(fn):
         kind = "not callable" if not callable(fn) else "a synchronous callable"
         raise RewardConfigError(
-            f"custom_rm_path={path!r}: {module_name}.{attr} is {kind}; a reward function must "
-            "be 'async def fn(args, sample) -> dict'"
+            f"{setting}={path!r}: {module_name}.{attr} is {kind}; a reward function must "
+            "be 'async def fn(args, sample) -> dict' (a post-process hook 'async def "
+            "hook(args, samples)')"
         )
+    _check_two_arguments(fn, f"{setting}={path!r}: {module_name}.{attr}")
     return fn  # type: ignore[no-any-return]
+
+
+def _check_two_arguments(fn: Any, where: str) -> None:
+    """A function that cannot take ``(args, sample)`` fails at load time, not on the first
+    sample after every model has loaded."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a callable without a readable signature: not checked
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as err:
+        raise RewardConfigError(
+            f"{where}{signature} cannot be called with two arguments (args, sample): {err}"
+        ) from None
 
 
 def resolve_reward_fn(args: Any) -> RewardFn:

@@ -141,6 +141,8 @@ class TrainConfig(RewardArgs):
     # checkpoints and output
     save: str | None = None
     save_interval: int | None = Field(default=None, gt=0)
+    #: keep only the newest N checkpoints of --save (None: keep every one)
+    save_keep: int | None = Field(default=None, gt=0)
     load: str | None = None
     run_dir: str = "runs/latest"
     preset: str | None = None
@@ -218,6 +220,8 @@ class TrainConfig(RewardArgs):
             )
         if self.save_interval is not None and self.save is None:
             raise ValueError(f"--save-interval {self.save_interval} needs --save DIR")
+        if self.save_keep is not None and self.save is None:
+            raise ValueError(f"--save-keep {self.save_keep} needs --save DIR")
         if self.lr_decay_style != "constant" and self.lr_decay_iters is None:
             raise ValueError(f"--lr-decay-style {self.lr_decay_style} needs --lr-decay-iters")
         return self
@@ -408,6 +412,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("checkpoints and output")
     _flag(g, "--save")
     _flag(g, "--save-interval")
+    _flag(g, "--save-keep", help="keep only the newest N checkpoints (default: all)")
     _flag(g, "--load")
     _flag(g, "--run-dir", help="metrics, TensorBoard, plots")
 

@@ -134,6 +134,8 @@ def load_prompt_data(
         limit: stop after this many good records.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"prompt data {str(path)!r} is a folder; give the jsonl file in it")
     if not path.is_file():
         raise DataError(f"prompt data file {str(path)!r} does not exist")
     records: list[PromptRecord] = []
@@ -248,6 +250,11 @@ def make_easy_math(n: int, *, seed: int, shots: int = 4) -> list[PromptRecord]:
             )
         )
     return records
+
+
+def record_json(record: PromptRecord) -> dict[str, Any]:
+    """A record as a line of a prompt file (how the demo's generated sets are written)."""
+    return {"prompt": record.prompt, "label": record.label, "metadata": record.metadata}
 
 
 def iter_batches(records: Sequence[PromptRecord], size: int) -> Iterator[list[PromptRecord]]:

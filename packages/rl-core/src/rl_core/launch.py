@@ -12,14 +12,16 @@ cluster and on a CPU machine (bundles of CPUs, or Ray's logical GPUs with ``--de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +37,7 @@ from genrm_serve import (
     EngineConfig,
     EnginePlacement,
     EngineRef,
+    EngineStartError,
     InstanceSpec,
     ServeArgs,
     apply_ray_env_defaults,
@@ -46,7 +49,7 @@ from genrm_serve import (
     wait_until_healthy,
 )
 from rl_core.config import GENERATED_DATA, TrainConfig
-from rl_core.data import PromptDataset, load_prompt_data, make_easy_math
+from rl_core.data import PromptDataset, load_prompt_data, make_easy_math, record_json
 from rl_core.distributed import ForwardGroup, TrainGroup
 from rl_core.engines import RayEngineHandle
 from rl_core.layout import read_layout, write_layout
@@ -65,6 +68,7 @@ from rl_core.placement.realize import (
     create_placement_groups,
 )
 from rl_core.rewards import PostProcessHook, custom_post_process, defer_swap_post_process
+from rl_core.stopping import StopRequest
 from rl_core.trainer import GRPOTrainer, RewardSetup
 from rl_core.weight_sync import choose_weight_sync, make_weight_sync
 
@@ -93,7 +97,7 @@ def load_data(spec: str, cfg: TrainConfig, run_dir: Path, *, eval_set: bool) -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", encoding="utf-8") as f:
             for r in make_easy_math(n, seed=seed):
-                f.write(json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}))
+                f.write(json.dumps(record_json(r)))
                 f.write("\n")
         spec = str(path)
     ds = load_prompt_data(
@@ -152,7 +156,9 @@ def _reward_setup(cfg: TrainConfig) -> RewardSetup:
 
         hook: PostProcessHook = defer_swap_post_process
         if cfg.custom_reward_post_process_path:
-            user_hook = load_custom(cfg.custom_reward_post_process_path)
+            user_hook = load_custom(
+                cfg.custom_reward_post_process_path, setting="--custom-reward-post-process-path"
+            )
             hook = custom_post_process(user_hook)
         return RewardSetup(
             args=cfg,
@@ -253,6 +259,24 @@ def judge_specs(cfg: TrainConfig) -> dict[str, InstanceSpec]:
     }
 
 
+#: How long a cancelled start-up waits for a blocking Ray call in a thread to return.
+RAY_CALL_SETTLE_S = 30.0
+
+
+async def _ray_call_in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``fn`` (blocking, it calls Ray's API) in a thread. Cancelled (Ctrl-C during start-up),
+    it still lets the call return, for up to :data:`RAY_CALL_SETTLE_S`, before the
+    cancellation goes on to ``ray.shutdown``: a Ray call made after the shutdown ends the whole
+    process from that thread (exit 1, no clean-up)."""
+    call = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(call, RAY_CALL_SETTLE_S)
+        raise
+
+
 async def _timed(startup: dict[str, float], key: str, step: Awaitable[T]) -> T:
     """Await ``step``, recording its seconds under ``key``."""
     t0 = time.perf_counter()
@@ -293,9 +317,16 @@ async def start_rollout_engines(
 ) -> list[RayEngineHandle]:
     """One engine actor per rollout engine of the plan, in its bundles, started concurrently."""
     actors = create_engine_workers(realized, "rollout", spec, name_prefix=name_prefix)
-    await asyncio.gather(
-        *(asyncio.wait_for(a.start.remote(), ENGINE_START_TIMEOUT_S) for a in actors)
-    )
+    try:
+        await asyncio.gather(
+            *(asyncio.wait_for(a.start.remote(), ENGINE_START_TIMEOUT_S) for a in actors)
+        )
+    except Exception as err:  # the engine's own error, in one line, not Ray's remote traceback
+        cause = getattr(err, "cause", None) or err
+        first = (str(cause).strip().splitlines() or [""])[0]
+        raise EngineStartError(
+            f"a rollout engine ({spec.model_path}) did not start: {type(cause).__name__}: {first}"
+        ) from err
     return [RayEngineHandle(a, f"rollout-{i}") for i, a in enumerate(actors)]
 
 
@@ -329,8 +360,14 @@ async def start_judge_service(
     # Serve is shut down however this ends (a start cut short too); both block: off the loop,
     # which meanwhile starts what else the plan has.
     stack.push_async_callback(asyncio.to_thread, shutdown_serve)
-    await asyncio.to_thread(deploy, build_app(instances, engines=refs, args=sargs), sargs)
-    await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S)
+    await _ray_call_in_thread(deploy, build_app(instances, engines=refs, args=sargs), sargs)
+    # an engine that cannot start ends the wait with its error (EngineStartError); a cancelled
+    # start (Ctrl-C, a failed sibling step) ends it at the next poll, not at the deadline
+    stop = threading.Event()
+    try:
+        await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S, stop=stop)
+    finally:
+        stop.set()
     return sargs.url, actors
 
 
@@ -378,8 +415,15 @@ def _init_ray(plan: PlacementPlan) -> bool:
     return True
 
 
-async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
-    """Run the whole job from a config: the realised plan, then the GRPO loop. Exit status."""
+async def run_training(
+    cfg: TrainConfig, console: Console | None = None, stop: StopRequest | None = None
+) -> int:
+    """Run the whole job from a config: the realised plan, then the GRPO loop. Exit status.
+
+    With ``stop``, SIGTERM / SIGINT are handled from the moment Ray is up: during start-up
+    they cancel the run, in the loop they stop it at a safe point with the last completed step
+    saved; the status is then ``stop.exit_code`` and ``stop_report`` says what was saved.
+    """
     apply_ray_env_defaults(disable_auth=True)
     import ray
 
@@ -394,11 +438,16 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
 
     async with AsyncExitStack() as stack:
         t0 = time.perf_counter()
+        if stop is not None:
+            stop.install()
+            stack.callback(stop.uninstall)
         if _init_ray(plan):
             stack.callback(ray.shutdown)
+        if stop is not None:
+            stop.install()  # again: ray.init installs a SIGTERM handler that dumps and aborts
         use_gpus = _cluster_gpus() > 0
         _check_capacity(plan, use_gpus)
-        realized = await asyncio.to_thread(create_placement_groups, plan, use_gpus=use_gpus)
+        realized = await _ray_call_in_thread(create_placement_groups, plan, use_gpus=use_gpus)
         stack.callback(realized.remove)
         startup["ray"] = time.perf_counter() - t0
 
@@ -485,8 +534,14 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
             clock=PhaseClock(console),
             weight_sync=weight_sync,
             memory_probe=GpuMemoryProbe(learner, engine_actors) if use_gpus else None,
+            stop=stop,
         )
+        if stop is not None:
+            stack.callback(stop.abrupt)  # a run that fails unwinds without waiting for a step
         history = await trainer.run()
+    if trainer.stop_report is not None and stop is not None:
+        stop.report = trainer.stop_report
+        return stop.exit_code
 
     from rl_core.plot import plot_run
     from rl_core.summary import render_summary

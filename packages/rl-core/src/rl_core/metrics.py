@@ -55,6 +55,37 @@ class MetricsWriter:
             for row in rows:
                 f.write(json.dumps(row, default=str) + "\n")
 
+    def truncate(self, step: int) -> int:
+        """Forget every step after ``step`` (a resume from its checkpoint redoes them): the
+        records of ``metrics.jsonl``, the sample files, and TensorBoard's events (a writer with
+        ``purge_step`` tells TensorBoard to drop them). Returns the records removed."""
+        removed = 0
+        if self.path.is_file():
+            kept = []
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    removed += 1  # a line cut short by the crash that made this a resume
+                    continue
+                if int(record.get("step", 0)) <= step:
+                    kept.append(line)
+                else:
+                    removed += 1
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            tmp.replace(self.path)
+        for f in (self.run_dir / "samples").glob("step_*.jsonl"):
+            number = f.stem.removeprefix("step_")
+            if number.isdigit() and int(number) > step:
+                f.unlink()
+        if self._tb is not None:
+            from tensorboardX import SummaryWriter
+
+            self._tb.close()
+            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=step + 1)
+        return removed
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()

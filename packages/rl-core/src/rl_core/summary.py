@@ -84,9 +84,14 @@ def render_summary(
         steps.add_column(col, justify="right")
     for h in history:
         m = h.metrics
+        reward = _fmt(m.get("rollout/reward_mean"), 2)
+        scored = m.get("rollout/reward_samples")
+        if scored is not None and scored != m.get("rollout/samples"):
+            reward += f" ({scored})"  # judge errors have no reward: the mean is over the rest
+            steps.caption = "reward (n): the mean over the n samples that have a reward"
         steps.add_row(
             str(h.step),
-            _fmt(m.get("rollout/reward_mean"), 2),
+            reward,
             _fmt(m.get("rollout/reward_std"), 2),
             _fmt(m.get("rollout/acc_mean"), 2),
             _fmt(m.get("rollout/judge_errors")),

@@ -6,28 +6,91 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any, NoReturn
 
 from rl_core.config import DESCRIPTION, ConfigError, add_train_args, parse_train_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 done, 2 a bad input (refused before Ray starts), 1 a failure of the run,
+    128 + signal when stopped by SIGTERM (143) or SIGINT (130)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("rl_core").setLevel(logging.INFO)
     try:
         cfg = parse_train_args(argv)
+        from rl_core.preflight import preflight
+
+        preflight(cfg)
     except ConfigError as err:
         print(f"rl-core train: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "rl-core train: stopped by SIGINT before start-up; nothing was saved", file=sys.stderr
+        )
+        return 130
+    from genrm_serve import EngineStartError
     from rl_core.launch import run_training
     from rl_core.placement import PlacementError, PlacementUnavailableError
+    from rl_core.rewards import JudgeFailureError
+    from rl_core.stopping import StopRequest
+    from rl_core.trainer import CheckpointError
 
+    stop = StopRequest()
     try:
-        return asyncio.run(run_training(cfg))
+        status = _run(run_training(cfg, stop=stop))
     except (PlacementError, PlacementUnavailableError) as err:
         print(f"rl-core train: {err}", file=sys.stderr)
         return 2
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        # a signal during start-up (or a second one): cancelled, Serve and Ray stopped
+        name = stop.name if stop.requested else "SIGINT"
+        how = "at once by a second signal" if stop.count > 1 else "during start-up"
+        _exit_now(stop.exit_code, f"stopped by {name} {how}: nothing saved")
+    except (EngineStartError, JudgeFailureError, CheckpointError) as err:
+        print(f"rl-core train: {err}", file=sys.stderr)
+        return 1
+    if stop.report is not None:
+        _exit_now(status, stop.report)
+    return status
+
+
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    """``asyncio.run`` without its last step, waiting for the threads of the default executor:
+    a blocking start-up call cut short by a signal (Serve's start, waiting on a Ray that is
+    gone by then) may never return, and the command must still end."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        task = loop.create_task(main)
+        try:
+            return loop.run_until_complete(task)
+        except KeyboardInterrupt:
+            task.cancel()  # a SIGINT before our handler was installed: unwind the run
+            loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+            raise
+    finally:
+        pending = asyncio.all_tasks(loop)
+        for t in pending:
+            t.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def _exit_now(status: int, message: str) -> NoReturn:
+    """Stopped by a signal, with Serve and Ray already shut down: say what was saved and exit,
+    without joining worker threads still blocked in a call to the Ray that is gone."""
+    print(f"rl-core train: {message}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(status)
 
 
 # --- the ``rl-core train`` subcommand ------------------------------------------------------------

@@ -9,6 +9,7 @@ models. Building those parts from flags (Ray, the judge service, engines) is ``r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import statistics
 import time
@@ -16,9 +17,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rl_core.backends.base import TrainItem
+from rl_core.checkpoints import LATEST, checkpoint_path, keep_last, step_folder
 from rl_core.config import TrainConfig
 from rl_core.data import PromptCursor, PromptDataset
 from rl_core.distributed import ForwardGroup, Learner
@@ -38,14 +40,19 @@ from rl_core.rewards import (
 )
 from rl_core.rollout import SEED_EVAL, SEED_TRAIN, RolloutSettings, generate_groups, make_group
 from rl_core.sample import Sample
+from rl_core.stopping import StopRequest
 from rl_core.weight_sync import ObjectStoreSync, WeightSync
 
 #: Reads GPU memory now: ``{gpu: used GB}`` for every GPU of the run (see ``rl_core.launch``).
 MemoryProbe = Callable[[], Awaitable[dict[str, float]]]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
-LATEST = "latest"
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; what the step wrote before it (metrics, samples,
+    evaluation) is kept."""
 
 
 @dataclass
@@ -154,6 +161,7 @@ class GRPOTrainer:
         clock: PhaseClock | None = None,
         weight_sync: WeightSync | None = None,
         memory_probe: MemoryProbe | None = None,
+        stop: StopRequest | None = None,
     ) -> None:
         self.cfg = cfg
         self.learner = learner
@@ -172,6 +180,11 @@ class GRPOTrainer:
         #: how weights reach the engines (the plan chooses: CUDA IPC, broadcast, object store)
         self.weight_sync: WeightSync = weight_sync or ObjectStoreSync(learner, self.engines)
         self.memory_probe = memory_probe
+        #: SIGTERM / SIGINT: stop at the next safe point and save the last completed step
+        self.stop = stop
+        #: what the run did on a stop signal, in one line (None: it was not stopped)
+        self.stop_report: str | None = None
+        self._saved_step = 0
         self._memory: dict[str, float] = {}
         self.cursor = PromptCursor(size=len(train_data), seed=cfg.seed)
         if not cfg.rollout_shuffle:
@@ -199,20 +212,29 @@ class GRPOTrainer:
         """Train for ``--num-rollout`` steps (from the loaded checkpoint, if any).
 
         Each step: generate and score → advantages → train → weights to the rollout engines.
-        In fully-async the next step's rollout is started before this step trains.
+        In fully-async the next step's rollout is started before this step trains. On a stop
+        signal the step still in rollout is abandoned, a step that trains is finished, and the
+        last completed step is saved (with ``--save``).
         """
         if self.cfg.load:
             await self.load(Path(self.cfg.load))
         steps = range(self.start_step, self.cfg.num_rollout)
         ahead: asyncio.Task[tuple[list[Sample], dict[str, float]]] | None = None
+        if self.stop is not None:
+            self.stop.graceful = True  # a signal now stops at a safe point (and saves)
         for step in steps:
+            if self.stopping:
+                break
             await self.phases.enter("inference")
-            batch, times = await (ahead or self.rollout(step))
+            rolled = await self._unless_stopped(ahead or self.rollout(step))
             ahead = None
+            if rolled is None:
+                break  # a stop signal: this step is abandoned, the resume redoes it
+            batch, times = rolled
             if self.overlap and step + 1 < self.cfg.num_rollout:
                 ahead = asyncio.ensure_future(self.rollout(step + 1))
             self._check_staleness(batch, max_staleness=1 if self.overlap else 0)
-            errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step)
+            errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step + 1)
             adv = self.advantages(batch)
             await self.record_memory("inference")
 
@@ -232,8 +254,57 @@ class GRPOTrainer:
             await self.record_memory("weight_sync")
 
             await self.finish_step(step, batch, adv, errors, train_metrics, times)
+        if self.stopping:
+            await self._save_on_stop(ahead)
+        if self.stop is not None:
+            self.stop.abrupt()
         self.metrics.close()
         return self.history
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop is not None and self.stop.requested
+
+    async def _unless_stopped(self, work: Awaitable[T]) -> T | None:
+        """``work``'s result, or None when a stop signal came first (``work`` is cancelled:
+        nothing of a rollout is kept, the next run redoes the step)."""
+        task = asyncio.ensure_future(work)
+        if self.stop is None:
+            return await task
+        waiter = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        return None if task.cancelled() else task.result()
+
+    async def _save_on_stop(self, ahead: asyncio.Task[Any] | None) -> None:
+        """The last completed step saved (unless it is already), and what was saved said in
+        :attr:`stop_report`; a rollout started ahead (fully-async) is dropped."""
+        assert self.stop is not None
+        if ahead is not None:
+            ahead.cancel()
+            with contextlib.suppress(BaseException):
+                await ahead
+        done = self.history[-1].step if self.history else self.start_step
+        where = f"stopped by {self.stop.name} after step {done} of {self.cfg.num_rollout}"
+        if not self.cfg.save:
+            self.stop_report = f"{where}: nothing saved (no --save)"
+        elif done == 0:
+            self.stop_report = f"{where}: nothing to save"
+        elif done == self._saved_step:
+            root = Path(self.cfg.save)
+            self.stop_report = (
+                f"{where}: checkpoint {step_folder(root, done)} (resume with --load {root})"
+            )
+        else:
+            root = Path(self.cfg.save)
+            path = await self.save(root, done)
+            self.stop_report = f"{where}: saved {path} (resume with --load {root})"
 
     # --- the parts of a step ---------------------------------------------------------------------
 
@@ -330,10 +401,33 @@ class GRPOTrainer:
         )
         verdicts = Counter(verdict_source(s) for s in batch)
         metrics.update({f"verdicts/{k}": v for k, v in verdicts.items()})
+        if errors:
+            logger.warning(
+                "step %d: %d of %d samples have no reward (judge_error, kept out of the loss); "
+                "reward mean %s over the %d scored",
+                step + 1,
+                errors,
+                len(batch),
+                _fmt(metrics["rollout/reward_mean"]),
+                metrics["rollout/reward_samples"],
+            )
         if self.cfg.eval_interval and (step + 1) % self.cfg.eval_interval == 0:
-            t0 = time.perf_counter()
-            metrics.update(await self.evaluate(step + 1))
-            times["eval"] = time.perf_counter() - t0
+            if self.stopping:
+                logger.warning("step %d: evaluation skipped (stopping)", step + 1)
+            else:
+                t0 = time.perf_counter()
+                metrics.update(await self.evaluate(step + 1))
+                times["eval"] = time.perf_counter() - t0
+        metrics.update({f"time/{k}": v for k, v in times.items()})
+        # every sleep / wake / offload / onload of this step, summed per participant and action
+        metrics.update({f"handoff/{k}": v for k, v in self.phases.take_timings().items()})
+        metrics["weights/sync_path"] = self.weight_sync.path
+        metrics.update(self._memory)
+        self._memory = {}
+        # written before the checkpoint: a save that fails loses none of it
+        self.metrics.log(step + 1, metrics)
+        self.metrics.log_samples(f"step_{step + 1:06d}", [sample_row(s) for s in batch])
+        self.history.append(StepRecord(step + 1, metrics, times, verdicts))
         if self.cfg.save and (
             (self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0)
             or step + 1 == self.cfg.num_rollout
@@ -341,15 +435,6 @@ class GRPOTrainer:
             t0 = time.perf_counter()
             await self.save(Path(self.cfg.save), step + 1)
             times["save"] = time.perf_counter() - t0
-        metrics.update({f"time/{k}": v for k, v in times.items()})
-        # every sleep / wake / offload / onload of this step, summed per participant and action
-        metrics.update({f"handoff/{k}": v for k, v in self.phases.take_timings().items()})
-        metrics["weights/sync_path"] = self.weight_sync.path
-        metrics.update(self._memory)
-        self._memory = {}
-        self.metrics.log(step + 1, metrics)
-        self.metrics.log_samples(f"step_{step + 1:06d}", [sample_row(s) for s in batch])
-        self.history.append(StepRecord(step + 1, metrics, times, verdicts))
 
     async def _generate_and_score(
         self,
@@ -464,6 +549,8 @@ class GRPOTrainer:
         lens = [s.response_length for s in batch]
         return {
             "rollout/samples": len(batch),
+            # the samples the mean is over: judge errors have no reward and are not in it
+            "rollout/reward_samples": len(rewards),
             "rollout/reward_mean": statistics.fmean(rewards) if rewards else None,
             "rollout/reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             "rollout/acc_mean": statistics.fmean(accs) if accs else None,
@@ -474,24 +561,44 @@ class GRPOTrainer:
         }
 
     async def save(self, root: Path, step: int) -> Path:
-        path = root / f"step_{step:06d}"
-        await self.learner.save(
-            path,
-            {
-                "rollout_step": step,
-                "cursor": self.cursor.state(),
-                "weight_version": self.weight_version,
-            },
-        )
-        (root / LATEST).write_text(path.name)
+        """Write step ``step``'s checkpoint, point ``latest`` at it, then keep the newest
+        ``--save-keep``. Raises :class:`CheckpointError` naming the step and the cause."""
+        path = step_folder(root, step)
+        try:
+            await self.learner.save(
+                path,
+                {
+                    "rollout_step": step,
+                    "cursor": self.cursor.state(),
+                    "weight_version": self.weight_version,
+                },
+            )
+            (root / LATEST).write_text(path.name)
+        except OSError as err:
+            raise CheckpointError(
+                f"saving step {step} to {path} failed: {err}; its metrics, samples and "
+                f"evaluation are in {self.cfg.run_dir}"
+            ) from err
+        self._saved_step = step
+        if self.cfg.save_keep:
+            for gone in await asyncio.to_thread(keep_last, root, self.cfg.save_keep):
+                logger.info("removed checkpoint %s (--save-keep %d)", gone, self.cfg.save_keep)
         return path
 
     async def load(self, root: Path) -> None:
-        path = root / (root / LATEST).read_text().strip() if (root / LATEST).is_file() else root
+        """Resume from ``root``'s checkpoint: weights, optimizer, data position; what the run
+        directory recorded beyond its step (metrics, samples, TensorBoard) is cut, so the
+        steps redone are not recorded twice."""
+        path = checkpoint_path(root)
         extra = await self.learner.load(path)
         self.cursor.restore(extra["cursor"])
-        self.start_step = int(extra["rollout_step"])
+        self.start_step = self._saved_step = int(extra["rollout_step"])
+        self.metrics.truncate(self.start_step)
         if self.phases.current not in (None, "inference"):
             await self.phases.enter("inference")  # engines take weights awake
         await self.sync_weights(int(extra["weight_version"]))
         logger.info("resumed from %s at step %d", path, self.start_step)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"

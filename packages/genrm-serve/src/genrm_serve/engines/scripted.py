@@ -18,8 +18,12 @@ The script (all keys optional)::
       "default": "1",                       # reply when no rule matches
       "replies": {"substring": "reply"},    # first key found in the last user message wins
       "delay_s": 0.0,                       # asyncio sleep per batch (never blocks the loop)
+      "start_delay_s": 0.0,                 # asyncio sleep in start(), as a model load takes
       "fail_every": 0,                      # k > 0: every k-th generate call raises EngineError
       "fail_when_contains": null,           # a request whose last user message has it fails
+      "crash_once_file": null,              # a path: the first generate call of any engine of
+                                            # this script creates it and kills its process (once:
+                                            # the re-created engine finds the file and serves)
       "healthy": true                       # false: check_health raises
     }
 
@@ -62,8 +66,10 @@ class Script(BaseModel):
     default: str = "1"
     replies: dict[str, str] = Field(default_factory=dict)
     delay_s: float = Field(default=0.0, ge=0.0)
+    start_delay_s: float = Field(default=0.0, ge=0.0)
     fail_every: int = Field(default=0, ge=0)
     fail_when_contains: str | None = None
+    crash_once_file: str | None = None
     healthy: bool = True
 
 
@@ -144,6 +150,8 @@ class ScriptedEngine(Engine):
 
     # -- Engine ------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.script.start_delay_s:
+            await asyncio.sleep(self.script.start_delay_s)
         self.state = "awake"
 
     async def sleep(self) -> None:
@@ -226,6 +234,14 @@ class ScriptedEngine(Engine):
             if n > max_len:
                 raise PromptTooLongError(n, max_len)
         self.calls += 1
+        crash = self.script.crash_once_file
+        if crash is not None:
+            try:
+                os.close(os.open(crash, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass  # crashed once already: this is the re-created engine
+            else:
+                self.crash()
         if self.failing is not None:
             raise EngineError(f"engine {self.engine_id}: {self.failing}")
         if self.script.fail_every and self.calls % self.script.fail_every == 0:

@@ -1,0 +1,213 @@
+"""Checks of a ``rl-core train`` config that read files: run before Ray starts.
+
+``TrainConfig`` checks values against each other; these look at what the values point to — data
+files, reward functions and hooks, model folders, a checkpoint to resume, the ``--save`` folder.
+Each of them used to fail only after Ray, the engines, the judge service and the trainer had
+loaded (minutes with real models), with a traceback; here each is a :class:`ConfigError` that
+names the flag, the value and the rule, in about a second, and a run that cannot start never
+starts a model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+from rl_core.checkpoints import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    LATEST,
+    STATE_FILE,
+    checkpoint_path,
+    estimate_checkpoint_bytes,
+    read_checkpoint_state,
+)
+from rl_core.config import GENERATED_DATA, ConfigError, TrainConfig
+from rl_core.data import DataError, load_prompt_data, make_easy_math, parse_record, record_json
+
+__all__ = ["check_data", "check_load", "check_models", "check_rewards", "check_save", "preflight"]
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Every check below, in the order a user would fix them; the first failure is raised."""
+    check_models(cfg)
+    check_data(cfg)
+    check_rewards(cfg)
+    check_load(cfg)
+    check_save(cfg)
+
+
+# --- models ----------------------------------------------------------------------------------
+
+
+def _check_model_folder(flag: str, path: str) -> None:
+    from genrm_serve.models import EMBEDDED_MODELS, is_embedded
+
+    if is_embedded(path):
+        name = path.partition(":")[2] or next(iter(EMBEDDED_MODELS))
+        if name not in EMBEDDED_MODELS:
+            raise ConfigError(
+                f"{flag} {path}: unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}"
+            )
+        return
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ConfigError(f"{flag} {path}: no such folder (a transformers model folder)")
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"{flag} {path}: not a model folder (no config.json in it); give a transformers "
+            "model folder, or 'embedded' for the built-in model"
+        )
+
+
+def check_models(cfg: TrainConfig) -> None:
+    """The policy and every judge that loads a model are folders with a config."""
+    _check_model_folder("--hf-checkpoint", cfg.hf_checkpoint)
+    for key, spec in cfg.genrm_instances.items():
+        if spec.engine == "scripted" or spec.model_path.startswith("scripted"):
+            continue  # the test engine: its model_path is a script
+        flag = "--genrm-model-path" if key == "__default__" else f"--genrm-instances {key}"
+        _check_model_folder(flag, spec.model_path)
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def check_data(cfg: TrainConfig) -> None:
+    """Each data file is read up to its first usable record (all of it under ``--strict-data``,
+    where any bad record is fatal), with ``--input-key`` / ``--label-key`` checked on it."""
+    for flag, spec in (
+        ("--prompt-data", cfg.prompt_data),
+        ("--eval-prompt-data", cfg.eval_prompt_data),
+    ):
+        if spec is None:
+            continue
+        if spec in GENERATED_DATA:  # written at start-up, with the demo's keys
+            (sample,) = make_easy_math(1, seed=0)
+            try:
+                parse_record(record_json(sample), input_key=cfg.input_key, label_key=cfg.label_key)
+            except DataError as err:
+                raise ConfigError(
+                    f"{flag} {spec}: the generated records do not fit: {err}"
+                ) from None
+            continue
+        try:
+            load_prompt_data(
+                spec,
+                input_key=cfg.input_key,
+                label_key=cfg.label_key,
+                strict=cfg.strict_data,
+                limit=None if cfg.strict_data else 1,
+            )
+        except DataError as err:
+            raise ConfigError(f"{flag} {spec}: {err}") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{flag} {spec}: cannot be read: {err}") from None
+
+
+# --- rewards ---------------------------------------------------------------------------------
+
+
+def check_rewards(cfg: TrainConfig) -> None:
+    """The reward function (``--rm-type`` or ``--custom-rm-path``) and the post-process hook
+    are imported and their signatures checked, as the run would load them."""
+    from genrm_rewards.errors import RewardConfigError
+    from genrm_rewards.registry import get_reward_fn, load_custom
+
+    try:
+        if cfg.custom_rm_path:
+            load_custom(cfg.custom_rm_path, setting="--custom-rm-path")
+        elif cfg.rm_type:
+            try:
+                get_reward_fn(cfg.rm_type)
+            except RewardConfigError as err:
+                raise RewardConfigError(
+                    f"--rm-type {cfg.rm_type}: {str(err).removeprefix('unknown reward type ')}"
+                ) from None
+        if cfg.custom_reward_post_process_path:
+            load_custom(
+                cfg.custom_reward_post_process_path, setting="--custom-reward-post-process-path"
+            )
+    except RewardConfigError as err:
+        raise ConfigError(str(err)) from None
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def check_load(cfg: TrainConfig) -> None:
+    """``--load`` is a checkpoint (its metadata read, not its weights) that this run can
+    continue: the same ``--seed``, a step below ``--num-rollout``."""
+    if cfg.load is None:
+        return
+    root = Path(cfg.load).expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"--load {cfg.load}: no such folder")
+    path = checkpoint_path(root)
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(
+            f"--load {cfg.load}: not a checkpoint (no {LATEST} file naming one, and no "
+            f"{STATE_FILE} in {path}); give a --save folder or one of its step_* folders"
+        )
+    try:
+        extra = read_checkpoint_state(path)["extra"]
+        step = int(extra["rollout_step"])
+        cursor = extra["cursor"]
+        seed = int(cursor["seed"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"--load {cfg.load}: unreadable {path / STATE_FILE}: {err}") from None
+    if seed != cfg.seed:
+        raise ConfigError(
+            f"--seed {cfg.seed}: the checkpoint {path} was trained with --seed {seed}; a resumed "
+            "run must keep it (the data order depends on it): pass --seed "
+            f"{seed}"
+        )
+    if step >= cfg.num_rollout:
+        raise ConfigError(
+            f"--num-rollout {cfg.num_rollout}: the checkpoint {path} is at step {step} already; "
+            "raise --num-rollout to train further"
+        )
+
+
+# --- the --save folder -----------------------------------------------------------------------
+
+
+def _policy_folder(cfg: TrainConfig) -> Path | None:
+    from genrm_serve.models import default_cache_dir, is_embedded
+
+    if is_embedded(cfg.hf_checkpoint):
+        name = cfg.hf_checkpoint.partition(":")[2] or "gemma3-270m"
+        folder = default_cache_dir() / name
+        return folder if folder.is_dir() else None  # converted on first use: size unknown yet
+    return Path(cfg.hf_checkpoint).expanduser()
+
+
+def check_save(cfg: TrainConfig) -> None:
+    """``--save`` can be written (a file is created and removed there) and has room for one
+    checkpoint, by an estimate from the policy's size."""
+    if cfg.save is None:
+        return
+    root = Path(cfg.save).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--save {cfg.save}: exists and is not a folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"0")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(
+            f"--save {cfg.save}: not writable ({err.strerror or err}); checkpoints could not be "
+            "written there"
+        ) from None
+    folder = _policy_folder(cfg)
+    needed = estimate_checkpoint_bytes(folder) if folder is not None else None
+    if needed is None:
+        return
+    free = shutil.disk_usage(root).free
+    if free < needed:
+        raise ConfigError(
+            f"--save {cfg.save}: {free / 1e9:.2f} GB free, one checkpoint needs about "
+            f"{needed / 1e9:.2f} GB (the policy's parameters x {CHECKPOINT_BYTES_PER_PARAM} bytes: "
+            "weights and Adam state in fp32); free space or choose another folder"
+        )
