@@ -122,6 +122,8 @@ class TrainConfig(RewardArgs):
     eval_temperature: float | None = Field(default=None, ge=0.0)
     eval_interval: int | None = Field(default=None, gt=0)
     eval_limit: int | None = Field(default=None, gt=0)
+    #: also evaluate before the first step and after the last: whether training helped
+    eval_before_and_after: bool = False
     # rewards (the reward functions' own settings are inherited from RewardArgs)
     rm_type: str | None = None
     reward_key: str = "score"
@@ -235,10 +237,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_prompt_data": "gen:easy-math-eval",
         "eval_limit": 16,
         "eval_interval": 3,
+        "eval_before_and_after": True,
         "eval_max_response_len": 4,
         "eval_temperature": 0.0,
         "rm_type": "dapo-genrm",
-        "rule_gate": True,
+        # The judge judges every answer (no math-verify gate in front of it), and math-verify
+        # audits it: the summary says per step how often the two agree where math-verify can
+        # decide. A production run turns the gate on (--rule-gate) to save judge calls.
+        "rule_gate": False,
+        "rule_audit": True,
         "num_rollout": 3,
         "rollout_batch_size": 4,
         "n_samples_per_prompt": 4,
@@ -381,6 +388,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     ):
         _flag(g, "--" + name.replace("_", "-"))
     _flag(g, "--eval-limit", help="evaluate on the first N only")
+    _flag(
+        g,
+        "--eval-before-and-after",
+        help="evaluate before the first step and after the last too (with --eval-prompt-data)",
+    )
 
     g = p.add_argument_group("rewards")
     _flag(g, "--reward-key")

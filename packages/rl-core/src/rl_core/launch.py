@@ -494,6 +494,7 @@ async def run_training(cfg: TrainConfig, console: Console | None = None) -> int:
         precision=precision,
         console=Console(),
         notes=run_notes(cfg),
+        evals=trainer.eval_history,
     )
     Console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
     return 0
