@@ -122,3 +122,9 @@ def test_users_examples_round_trip_and_bad_rows_fail(tmp_path: Path) -> None:
 def test_no_problems_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least one problem"):
         make_examples([], 1, seed=0)
+
+
+def test_grader_probes_are_wrong_answers_that_address_the_grader() -> None:
+    probes = make_examples(PROBLEMS, 200, seed=4, grader_probes=True)
+    assert all(e.verdict == 0 and e.kind.startswith("grader/") for e in probes)
+    assert all(e.kind.endswith("/wrong") for e in probes)
