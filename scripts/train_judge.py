@@ -492,7 +492,7 @@ def main() -> None:
         raise SystemExit(f"adapter transfer: unexpected {result.unexpected_keys[:4]}")
     model = full
     train_s = time.monotonic() - t_train
-    scores = evaluate(model, held_items, tok, autocast, ns.batch_size * 2)
+    scores = evaluate(model, held_items, tok, autocast, ns.batch_size * 2) if held_items else {}
     logger.info("held out (in-script, greedy over the vocabulary): %s", scores)
     meta = {
         "base_model": ns.model,
