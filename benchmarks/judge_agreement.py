@@ -201,8 +201,7 @@ async def gate_view(pairs: list[Pair]) -> list[str]:
     from genrm_rewards.samples import extract_answer
 
     return [
-        await math_decide(p.label, extract_answer(p.response)[:2000], timeout_s=5.0)
-        for p in pairs
+        await math_decide(p.label, extract_answer(p.response)[:2000], timeout_s=5.0) for p in pairs
     ]
 
 
@@ -272,9 +271,7 @@ async def measure_route(
         out["grader_flip_rate"] = out["sets"]["grader-probes"]["judged_1_rate"]
     every = [r for s in out["sets"].values() for r in [s]]
     total = sum(s["pairs"] for s in every)
-    out["unparsed_rate_all"] = round(
-        sum(s["unparsed_rate"] * s["pairs"] for s in every) / total, 4
-    )
+    out["unparsed_rate_all"] = round(sum(s["unparsed_rate"] * s["pairs"] for s in every) / total, 4)
     if "demo" in out["sets"]:
         out["demo_judgments_per_s"] = out["sets"]["demo"]["judgments_per_s"]
     return out

@@ -345,6 +345,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the cores)")
     ap.add_argument("--max-train-s", type=float, default=0, help="stop the steps after this")
     ap.add_argument(
+        "--stop-after",
+        type=int,
+        default=0,
+        help="stop after this many steps of the --steps schedule (replays a timed-out run)",
+    )
+    ap.add_argument(
         "--cache-file",
         type=Path,
         default=None,
@@ -396,7 +402,7 @@ def main() -> None:
     base: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     base.requires_grad_(False)
     split = SplitModel(base, ns.top_layers)
-    check_split(split, held_items[:2], tok)
+    check_split(split, train_items[:2], tok)
     t_cache = time.monotonic()
     if ns.cache_file is not None and ns.cache_file.is_file():
         cache = torch.load(ns.cache_file, weights_only=True)
@@ -481,6 +487,9 @@ def main() -> None:
                 sum(losses[-10:]) / len(losses[-10:]),
                 elapsed / step,
             )
+        if ns.stop_after and step >= ns.stop_after:
+            logger.info("stopping after %d steps: --stop-after", step)
+            break
         if ns.max_train_s and time.monotonic() - t_train > ns.max_train_s:
             logger.info("stopping after %d steps: --max-train-s reached", step)
             break
