@@ -58,8 +58,8 @@ def test_original_flags_parse():
 
 def test_preset_and_config_file_and_cli_priority(tmp_path):
     cfg = parse_train_args(["--preset", "cpu-demo"])
-    # the demo's judge judges every answer, audited by math-verify (no gate in front)
-    assert cfg.rm_type == "dapo-genrm" and cfg.rule_audit and not cfg.rule_gate
+    # the gate first, the judge for the rest, math-verify auditing every judged answer
+    assert cfg.rm_type == "dapo-genrm" and cfg.rule_audit and cfg.rule_gate
     assert cfg.genrm_enabled and cfg.eval_before_and_after
     f = tmp_path / "c.yaml"
     f.write_text("lr: 0.5\nrollout-batch-size: 2\n")

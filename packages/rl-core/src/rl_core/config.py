@@ -241,10 +241,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_max_response_len": 4,
         "eval_temperature": 0.0,
         "rm_type": "dapo-genrm",
-        # The judge judges every answer (no math-verify gate in front of it), and math-verify
-        # audits it: the summary says per step how often the two agree where math-verify can
-        # decide. A production run turns the gate on (--rule-gate) to save judge calls.
-        "rule_gate": False,
+        # math-verify first (an answer it proves equal is 1.0 without a judge call: the small
+        # judge's false 0s on right answers never reach the loss), the judge for the rest, and
+        # math-verify audits every judged answer: the summary says per step how often the two
+        # agree where math-verify can decide. --no-rule-gate lets the judge decide everything.
+        "rule_gate": True,
         "rule_audit": True,
         "num_rollout": 3,
         "rollout_batch_size": 4,
