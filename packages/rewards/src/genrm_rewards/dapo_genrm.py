@@ -24,7 +24,7 @@ from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.cache import VerdictCache, cache_key, wait_shared
 from genrm_rewards.judge import JudgeCall, JudgeOutcome, default_client, judge_many, judge_one
 from genrm_rewards.quoting import neutralise, quote_untrusted
-from genrm_rewards.rules import math_equal
+from genrm_rewards.rules import RuleDecision, math_decide, math_equal
 from genrm_rewards.samples import extract_answer, label_of, question_of, response_of
 from genrm_rewards.types import JudgeClient, RewardResult, SampleLike
 from genrm_rewards.verdict import parse_verdict
@@ -148,6 +148,20 @@ async def _gate(prep: _Prepared, settings: RewardArgs) -> GateState:
     return "hit" if equal else "miss"
 
 
+async def _audit(prep: _Prepared, settings: RewardArgs) -> RuleDecision | None:
+    """math-verify's view of the answer, recorded beside the judge's (``rule_audit``)."""
+    if not settings.rule_audit:
+        return None
+    answer = prep.answer[: settings.max_answer_chars]
+    return await math_decide(prep.label, answer, timeout_s=settings.rule_timeout_s)
+
+
+def _with_audit(result: RewardResult, decision: RuleDecision | None) -> RewardResult:
+    if decision is not None:
+        result["rule"] = decision
+    return result
+
+
 def _gate_hit_result(settings: RewardArgs) -> RewardResult:
     return {
         "score": 1.0,
@@ -183,6 +197,15 @@ async def compute_score(
     """
     settings = resolve_args(args)
     prep = _prepare(sample, settings)
+    result, decision = await asyncio.gather(
+        _score_prepared(prep, settings, client), _audit(prep, settings)
+    )
+    return _with_audit(result, decision)
+
+
+async def _score_prepared(
+    prep: _Prepared, settings: RewardArgs, client: JudgeClient | None
+) -> RewardResult:
     gate = await _gate(prep, settings)
     if gate == "hit":
         return _gate_hit_result(settings)
@@ -216,6 +239,7 @@ async def compute_score_batch(
     settings = resolve_args(args)
     preps = [_prepare(sample, settings) for sample in samples]  # bad samples fail before any call
     gates: list[GateState] = list(await asyncio.gather(*(_gate(p, settings) for p in preps)))
+    audits = await asyncio.gather(*(_audit(p, settings) for p in preps))
     use_cache = settings.verdict_cache
     if use_cache:
         _cache.max_entries = settings.verdict_cache_size
@@ -284,6 +308,6 @@ async def compute_score_batch(
                 verdict=settings.genrm_verdict,
             )
             results[i] = _finish(outcome, preps[i], gates[i], "miss")
-    done = [r for r in results if r is not None]
+    done = [_with_audit(r, a) for r, a in zip(results, audits, strict=True) if r is not None]
     assert len(done) == len(preps), "every sample gets a result"
     return done

@@ -17,13 +17,17 @@ import logging
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 from genrm_rewards.args import resolve_args
 from genrm_rewards.samples import extract_answer, label_of, response_of
 from genrm_rewards.types import RewardResult, SampleLike
 
-__all__ = ["compute_score", "math_equal", "math_equal_sync"]
+__all__ = ["RuleDecision", "compute_score", "math_decide", "math_equal", "math_equal_sync"]
+
+#: What math-verify says about an answer: proved ``equal``, parsed both and found them
+#: ``not_equal``, could not parse one side (``undecided``), or overran its deadline.
+RuleDecision = Literal["equal", "not_equal", "undecided", "timeout"]
 
 _POOL_WORKERS = 2
 _pool: ThreadPoolExecutor | None = None
@@ -76,6 +80,19 @@ def math_equal_sync(gold: str, pred: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
+def math_decide_sync(gold: str, pred: str) -> RuleDecision:
+    """Like :func:`math_equal_sync`, but an answer (or label) math-verify cannot parse is
+    ``undecided`` rather than unequal: a judge compared against math-verify is compared only
+    where math-verify has a view."""
+    from math_verify import verify
+
+    _import_math_verify()
+    gold_parsed, pred_parsed = _parse(gold), _parse(pred)
+    if not gold_parsed or not pred_parsed:
+        return "undecided"
+    return "equal" if verify(gold_parsed, pred_parsed, timeout_seconds=None) else "not_equal"
+
+
 def _slots() -> asyncio.Semaphore:
     """One semaphore per event loop, as wide as the pool (asyncio primitives bind to a loop)."""
     loop = asyncio.get_running_loop()
@@ -102,6 +119,22 @@ async def math_equal(gold: str, pred: str, *, timeout_s: float) -> bool | None:
             )
         except TimeoutError:
             return None
+
+
+async def math_decide(gold: str, pred: str, *, timeout_s: float) -> RuleDecision:
+    """:func:`math_decide_sync` off the event loop, under the same deadline as
+    :func:`math_equal` (``"timeout"`` when it overran)."""
+    loop = asyncio.get_running_loop()
+    pool = _get_pool()
+    if not _imported:
+        await asyncio.wait_for(loop.run_in_executor(pool, _import_math_verify), timeout=120)
+    async with _slots():
+        try:
+            return await asyncio.wait_for(
+                loop.run_in_executor(pool, math_decide_sync, gold, pred), timeout=timeout_s
+            )
+        except TimeoutError:
+            return "timeout"
 
 
 async def compute_score(args: Any, sample: SampleLike) -> RewardResult:

@@ -75,6 +75,9 @@ class RewardResult(TypedDict, total=False):
     pred: str | None
     #: rule gate: "hit" (math-verify proved it equal, no judge call), "miss", "timeout", "off"
     gate: Literal["hit", "miss", "timeout", "off"]
+    #: rule audit (or gate): what math-verify says about the answer — "equal", "not_equal",
+    #: "undecided" (it could not parse a side) or "timeout"; absent when neither is on
+    rule: Literal["equal", "not_equal", "undecided", "timeout"]
     #: verdict cache: "hit" (reused an earlier or in-flight judge call), "miss", "off"
     cache: Literal["hit", "miss", "off"]
     route_key: str | None

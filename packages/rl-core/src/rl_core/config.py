@@ -124,6 +124,8 @@ class TrainConfig(RewardArgs):
     eval_temperature: float | None = Field(default=None, ge=0.0)
     eval_interval: int | None = Field(default=None, gt=0)
     eval_limit: int | None = Field(default=None, gt=0)
+    #: also evaluate before the first step and after the last: whether training helped
+    eval_before_and_after: bool = False
     # rewards (the reward functions' own settings are inherited from RewardArgs)
     rm_type: str | None = None
     reward_key: str = "score"
@@ -241,10 +243,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_prompt_data": "gen:easy-math-eval",
         "eval_limit": 16,
         "eval_interval": 3,
+        "eval_before_and_after": True,
         "eval_max_response_len": 4,
         "eval_temperature": 0.0,
         "rm_type": "dapo-genrm",
+        # math-verify first (an answer it proves equal is 1.0 without a judge call: the small
+        # judge's false 0s on right answers never reach the loss), the judge for the rest, and
+        # math-verify audits every judged answer: the summary says per step how often the two
+        # agree where math-verify can decide. --no-rule-gate lets the judge decide everything.
         "rule_gate": True,
+        "rule_audit": True,
         "num_rollout": 3,
         "rollout_batch_size": 4,
         "n_samples_per_prompt": 4,
@@ -387,6 +395,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     ):
         _flag(g, "--" + name.replace("_", "-"))
     _flag(g, "--eval-limit", help="evaluate on the first N only")
+    _flag(
+        g,
+        "--eval-before-and-after",
+        help="evaluate before the first step and after the last too (with --eval-prompt-data)",
+    )
 
     g = p.add_argument_group("rewards")
     _flag(g, "--reward-key")

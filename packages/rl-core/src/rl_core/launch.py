@@ -555,6 +555,7 @@ async def run_training(
         precision=precision,
         console=Console(),
         notes=run_notes(cfg),
+        evals=trainer.eval_history,
     )
     Console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
     return 0

@@ -23,6 +23,14 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _agreement(metrics: dict[str, Any], prefix: str) -> str:
+    """``0.94 of 16``: the judge's agreement with math-verify and on how many samples."""
+    n = metrics.get(f"{prefix}judge_rule_compared")
+    if not n:
+        return "-"
+    return f"{_fmt(metrics.get(f'{prefix}judge_rule_agreement'), 2)} of {n}"
+
+
 def render_summary(
     history: Sequence[StepRecord],
     *,
@@ -32,9 +40,12 @@ def render_summary(
     precision: str | None = None,
     console: Console | None = None,
     notes: Sequence[str] = (),
+    evals: Sequence[dict[str, Any]] | None = None,
 ) -> None:
     """Print per-step phase times, reward statistics and verdict sources (and ``notes`` on
-    how the run was set up, e.g. that KL is not computed)."""
+    how the run was set up, e.g. that KL is not computed). ``evals``: every evaluation of the
+    run (the trainer's ``eval_history``, one before training included); else those in
+    ``history``."""
     console = console or Console()
     if precision:
         console.print(f"[bold]training precision[/]: {precision}")
@@ -80,7 +91,9 @@ def render_summary(
 
     steps = Table(title="what each step learned from")
     # short headers, few columns: readable in an 80-column terminal (the rest is in metrics.jsonl)
-    for col in ("step", "reward", "±std", "acc", "judge err", "adv≠0", "kl", "clip", "len"):
+    # judge=mv: how often the judge agreed with math-verify where math-verify decided (of n)
+    cols = ("step", "reward", "±std", "acc", "judge=mv", "judge err", "adv≠0", "kl", "clip", "len")
+    for col in cols:
         steps.add_column(col, justify="right")
     for h in history:
         m = h.metrics
@@ -94,6 +107,7 @@ def render_summary(
             reward,
             _fmt(m.get("rollout/reward_std"), 2),
             _fmt(m.get("rollout/acc_mean"), 2),
+            _agreement(m, "rollout/"),
             _fmt(m.get("rollout/judge_errors")),
             f"{m.get('adv/nonzero', 0)}/{m.get('rollout/samples', 0)}",
             _fmt(m.get("train/kl"), 4),
@@ -121,12 +135,16 @@ def render_summary(
         verdicts.add_row(labels.get(key, key), str(n))
     console.print(verdicts)
 
-    evals = [(h.step, h.metrics) for h in history if h.metrics.get("eval/samples")]
-    for step, m in evals:
+    if evals is None:
+        evals = [{"step": h.step, **h.metrics} for h in history if h.metrics.get("eval/samples")]
+    first_step = history[0].step if history else 1
+    for m in evals:
+        when = "before training" if m["step"] < first_step else f"after step {m['step']}"
         console.print(
-            f"[bold]eval after step {step}[/]: accuracy (pass@1) {_fmt(m.get('eval/accuracy'))}, "
-            f"mean reward {_fmt(m.get('eval/reward_mean'))}, judge errors "
-            f"{m.get('eval/judge_errors')}, {m.get('eval/samples')} samples"
+            f"[bold]eval {when}[/]: accuracy (pass@1) {_fmt(m.get('eval/accuracy'))}, "
+            f"mean reward {_fmt(m.get('eval/reward_mean'))}, judge agrees with math-verify "
+            f"{_agreement(m, 'eval/')}, judge errors {m.get('eval/judge_errors')}, "
+            f"{m.get('eval/samples')} samples"
         )
     if total_s is not None:
         console.print(f"[bold]wall time[/]: {total_s:.1f}s")

@@ -26,6 +26,7 @@ from rl_core.data import PromptCursor, PromptDataset
 from rl_core.distributed import ForwardGroup, Learner
 from rl_core.engines import EngineHandle, StaleWeightsError
 from rl_core.grpo.advantages import Advantages, grpo_advantages
+from rl_core.judge_audit import rule_agreement
 from rl_core.metrics import MetricsWriter, PhaseClock
 from rl_core.phases import PhaseMachine
 from rl_core.rewards import (
@@ -219,6 +220,10 @@ class GRPOTrainer:
         if self.cfg.load:
             await self.load(Path(self.cfg.load))
         steps = range(self.start_step, self.cfg.num_rollout)
+        if self.cfg.eval_before_and_after and self.eval_data is not None and steps:
+            t0 = time.perf_counter()
+            before = await self.evaluate(self.start_step)
+            self.metrics.log(self.start_step, {**before, "time/eval": time.perf_counter() - t0})
         ahead: asyncio.Task[tuple[list[Sample], dict[str, float]]] | None = None
         if self.stop is not None:
             self.stop.graceful = True  # a signal now stops at a safe point (and saves)
@@ -411,7 +416,8 @@ class GRPOTrainer:
                 _fmt(metrics["rollout/reward_mean"]),
                 metrics["rollout/reward_samples"],
             )
-        if self.cfg.eval_interval and (step + 1) % self.cfg.eval_interval == 0:
+        last = step + 1 == self.cfg.num_rollout and self.cfg.eval_before_and_after
+        if (self.cfg.eval_interval and (step + 1) % self.cfg.eval_interval == 0) or last:
             if self.stopping:
                 logger.warning("step %d: evaluation skipped (stopping)", step + 1)
             else:
@@ -537,6 +543,7 @@ class GRPOTrainer:
             "eval/judge_errors": sum(1 for s in samples if s.status == "judge_error"),
             "eval/samples": len(samples),
             "eval/response_len_mean": statistics.fmean(s.response_length for s in samples),
+            **rule_agreement(samples, [verdict_source(s) for s in samples], "eval/"),
         }
         self.eval_history.append({"step": step, **out})
         return out
@@ -558,6 +565,7 @@ class GRPOTrainer:
             "rollout/aborted": sum(1 for s in batch if s.status == "aborted"),
             "rollout/response_len_mean": statistics.fmean(lens),
             "rollout/truncated": sum(1 for s in batch if s.finish_reason == "length"),
+            **rule_agreement(batch, [verdict_source(s) for s in batch], "rollout/"),
         }
 
     async def save(self, root: Path, step: int) -> Path:

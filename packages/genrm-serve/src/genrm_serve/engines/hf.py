@@ -224,6 +224,23 @@ def _weakest_link(rows: list[_Row], following: _Row) -> int:
     return best
 
 
+def _adapter_tensor_names(adapter: Path) -> set[str]:
+    """Names of the tensors in an adapter folder's weights file (peft's key layout)."""
+    st = adapter / "adapter_model.safetensors"
+    if st.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(st), framework="pt") as f:
+            return {_without_adapter_name(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+    state = torch.load(adapter / "adapter_model.bin", map_location="cpu", weights_only=True)
+    return {_without_adapter_name(k) for k in state}
+
+
+def _without_adapter_name(key: str) -> str:
+    """``...lora_A.default.weight`` and ``...lora_A.weight`` name the same tensor."""
+    return key.replace(".default.", ".")
+
+
 class HFEngine(Engine):
     """transformers engine; see the module docstring for batching, memory and sleep."""
 
@@ -232,6 +249,8 @@ class HFEngine(Engine):
         self.model: Any = None
         self.prompts: PromptEncoder | None = None
         self.model_dir: Path | None = None
+        #: the LoRA adapter merged into the weights at every load from ``model_dir`` (None: none)
+        self.adapter_dir: Path | None = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self._snapshot_dir: Path | None = None
@@ -273,11 +292,15 @@ class HFEngine(Engine):
     def _load(self) -> None:
         from transformers import AutoTokenizer
 
-        from genrm_serve.models import resolve_model_path
+        from genrm_serve.models import resolve_adapter, resolve_model_path
 
         t0 = time.monotonic()
-        self.model_dir = resolve_model_path(self.spec.model_path)
         cfg = self.spec.engine_config
+        try:
+            self.adapter_dir = resolve_adapter(self.spec.model_path, cfg.adapter_path)
+        except (FileNotFoundError, ValueError) as err:
+            raise EngineError(f"engine {self.engine_id}: {err}") from err
+        self.model_dir = resolve_model_path(self.spec.model_path)
         self.device = _resolve_device(cfg.device)
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         if self.device.type == "cpu":
@@ -303,9 +326,10 @@ class HFEngine(Engine):
                 eos.update(int(x) for x in source)
         self._eos_ids = frozenset(eos)
         logger.info(
-            "engine %s: loaded %s on %s (%s) in %.1f s",
+            "engine %s: loaded %s%s on %s (%s) in %.1f s",
             self.engine_id,
             self.model_dir,
+            f" + adapter {self.adapter_dir}" if self.adapter_dir else "",
             self.device,
             self.dtype,
             time.monotonic() - t0,
@@ -314,14 +338,46 @@ class HFEngine(Engine):
     def _load_model(self, path: Path) -> Any:
         from transformers import AutoModelForCausalLM
 
+        # a snapshot saved at sleep after update_weights holds merged weights already
+        adapter = self.adapter_dir if path == self.model_dir else None
         model: Any = AutoModelForCausalLM.from_pretrained(
-            path, dtype=self.dtype, attn_implementation=register_attention()
+            path,
+            # merged in fp32, then cast: a bf16 merge would round the small update away
+            dtype=torch.float32 if adapter is not None else self.dtype,
+            attn_implementation=register_attention(),
         )
+        if adapter is not None:
+            model = self._merge_adapter(model, adapter).to(self.dtype)
         if self.device.type == "cuda" and not self.memory_budget:
             self._fit_share(model)  # before the weights take device memory
         model = model.to(self.device).eval()
         self._compile(model)
         return model
+
+    def _merge_adapter(self, model: Any, adapter: Path) -> Any:
+        """``model`` with the LoRA adapter at ``adapter`` merged into its weights.
+
+        Merged rather than kept as side branches: inference then costs exactly what the base
+        costs (on either CPU kind), and weight updates, sleep and packing see plain weights.
+        Every tensor of the adapter file must land in a module of the model: an adapter made
+        for another architecture fails here instead of merging as a silent no-op.
+        """
+        from peft import PeftModel, get_peft_model_state_dict
+
+        where = f"engine {self.engine_id}: engine_config.adapter_path={str(adapter)!r}"
+        try:
+            peft_model: Any = PeftModel.from_pretrained(model, str(adapter))
+        except Exception as err:
+            raise EngineError(f"{where}: cannot be applied to {self.model_dir}: {err}") from err
+        expected = _adapter_tensor_names(adapter)
+        loaded = {_without_adapter_name(k) for k in get_peft_model_state_dict(peft_model)}
+        if expected != loaded:
+            raise EngineError(
+                f"{where}: does not fit {self.model_dir}: tensors without a module "
+                f"{sorted(expected - loaded)[:3]}, modules without a tensor "
+                f"{sorted(loaded - expected)[:3]}"
+            )
+        return peft_model.merge_and_unload()
 
     def _compile(self, model: Any) -> None:
         """On CUDA, compile each decoder layer (``GENRM_HF_COMPILE=0`` turns it off).

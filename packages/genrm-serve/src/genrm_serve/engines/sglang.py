@@ -568,10 +568,17 @@ class SGLangEngine(Engine):
 
     # -- start -------------------------------------------------------------------------------
     async def start(self) -> None:
-        from genrm_serve.models import resolve_model_path
+        from genrm_serve.models import resolve_adapter, resolve_model_path
 
-        engine_cls = self._engine_cls or import_sglang_engine()
         cfg = self.spec.engine_config
+        if resolve_adapter(self.spec.model_path, cfg.adapter_path) is not None:
+            # not silently the bare base: the embedded judge *is* base + adapter
+            raise EngineError(
+                f"engine {self.engine_id}: engine_config.adapter_path (or the embedded "
+                "model's judge adapter) is applied by the hf engine only; use engine 'hf', "
+                "or adapter_path 'none' for the bare base model"
+            )
+        engine_cls = self._engine_cls or import_sglang_engine()
         model_dir = resolve_model_path(self.spec.model_path)
         for key, value in ENGINE_ENV.items():
             if key.startswith("SGLANG_"):
