@@ -6,6 +6,7 @@ Each backend starts a world-of-one gloo group and ``close()`` ends it, so nothin
 other tests; the TP = 2 / DP = 2 cases run in spawned processes.
 """
 
+import importlib.util
 import socket
 
 import pytest
@@ -361,3 +362,27 @@ def test_two_ranks_equal_one(mode, qwen3_path, megatron, tmp_path):
     assert got["loss"] == pytest.approx(metrics["loss"], abs=1e-6)
     for k, v in one.export_weights().items():
         torch.testing.assert_close(got["weights"][k], v, atol=1e-5, rtol=0, msg=k)
+
+
+def test_megatron_imports_quietly_and_the_run_says_it_once() -> None:
+    """megatron-core's four import-time warnings (no Transformer Engine / Apex) never reach the
+    terminal, before a flag error or anywhere; the run's summary says it once, in our words."""
+    import subprocess
+    import sys
+
+    code = (
+        "import rl_core.backends.megatron\n"
+        "from megatron.core import package_info\n"
+        "import megatron.core.optimizer\n"
+    )
+    # Python's default warning filters, as a user's terminal has them
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Transformer Engine and Apex are not installed" not in out.stderr
+    assert "UserWarning" not in out.stderr
+    from rl_core.config import parse_train_args
+    from rl_core.launch import run_notes
+
+    cfg = parse_train_args(["--preset", "cpu-demo", "--train-backend", "megatron"])
+    if importlib.util.find_spec("transformer_engine") is None:
+        assert any("without Transformer Engine" in n for n in run_notes(cfg))

@@ -569,6 +569,12 @@ def run_notes(cfg: TrainConfig) -> list[str]:
             "KL to a reference is not computed: --use-kl-loss with --kl-loss-coef 0 loads no "
             "reference model (the loss would not change); give a coefficient > 0 to train with it"
         )
+    if cfg.train_backend == "megatron":
+        from rl_core.backends.megatron import kernels_note
+
+        note = kernels_note()
+        if note is not None:
+            notes.append(note)
     return notes
 
 

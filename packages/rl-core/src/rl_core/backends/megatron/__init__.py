@@ -8,8 +8,29 @@ fail before anything starts when the extra is missing.
 
 from __future__ import annotations
 
+import importlib.util
+import warnings
+
 #: The pip extra that brings megatron-core; named in every "not installed" error.
 MEGATRON_EXTRA = "genrm-rl-core[megatron]"
+
+# megatron-core warns four times on import when Transformer Engine and Apex are missing, before
+# anything of the run is printed (its flag errors included); the run says it once, in
+# :func:`kernels_note`. Set here, in the package every megatron import goes through (the flag
+# checks in the driver, the backend in each trainer actor).
+warnings.filterwarnings(
+    "ignore", message="Transformer Engine and Apex are not installed", category=UserWarning
+)
+
+
+def kernels_note() -> str | None:
+    """What a Megatron run without Transformer Engine computes with (None when it has it)."""
+    if importlib.util.find_spec("transformer_engine") is not None:
+        return None
+    return (
+        "Megatron without Transformer Engine / Apex: local kernels and torch optimizers "
+        "(install transformer-engine for fused kernels)"
+    )
 
 
 class MegatronNotInstalledError(ImportError):
@@ -28,4 +49,4 @@ def require_megatron() -> str:
     return str(package_info.__version__)
 
 
-__all__ = ["MEGATRON_EXTRA", "MegatronNotInstalledError", "require_megatron"]
+__all__ = ["MEGATRON_EXTRA", "MegatronNotInstalledError", "kernels_note", "require_megatron"]
