@@ -488,6 +488,28 @@ def test_cli_plan_invalid_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "rollout 4 + genrm 2 = 6 ≠ actor 8" in err
 
 
+def test_cli_plan_refuses_megatron_sizes_as_train_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``rl-core plan`` with the training backend's flags refuses what ``rl-core train`` would,
+    with the same message (it printed a plan and exited 0 while train exited 2)."""
+    from rl_core.config import ConfigError, parse_train_args
+
+    tp3 = ["--train-backend", "megatron", "--tensor-model-parallel-size", "3"]
+    assert main(["plan", *SHARED_8, *tp3]) == 2
+    err = capsys.readouterr().err
+    with pytest.raises(ConfigError) as train:
+        parse_train_args([*SHARED_8, *tp3, "--hf-checkpoint", "m", "--prompt-data", "d.jsonl"])
+    assert str(train.value) in err and "--tensor-model-parallel-size 3" in err
+    assert (
+        main(
+            ["plan", *SHARED_8, "--train-backend", "megatron", "--tensor-model-parallel-size", "2"]
+        )
+        == 0
+    )
+    assert "ignoring" not in capsys.readouterr().err  # the backend's flags are read, not ignored
+
+
 def test_cli_plan_warns_above_0_9(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *replace(SHARED_8, "--sglang-mem-fraction-static", "0.65")]) == 0
     assert "warning: colocate-shared: rollout 0.65 + genrm '__default__' 0.3 = 0.95" in (

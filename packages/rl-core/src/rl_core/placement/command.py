@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     except PlacementError as err:
         print(f"rl-core plan: error: {err}", file=sys.stderr)
         return 2
+    backend, unknown = _training_backend(unknown)
     if unknown:
         print(
             "rl-core plan: ignoring arguments that are not about placement: " + " ".join(unknown),
@@ -46,8 +47,35 @@ def run(args: argparse.Namespace) -> int:
     except PlacementError as err:
         print(f"rl-core plan: error: {err}", file=sys.stderr)
         return 2
+    if backend is not None:  # the sizes against the actor's GPUs, refused as train refuses them
+        from rl_core.backends.megatron.parallel import (
+            ParallelConfigError,
+            check_parallel_sizes,
+            megatron_config_from,
+        )
+
+        try:
+            check_parallel_sizes(len(plan.roles["actor"].bundles), megatron_config_from(backend))
+        except ParallelConfigError as err:
+            print(f"rl-core plan: error: {err}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(plan.model_dump(mode="json"), indent=2))
     else:
         print(render_plan(plan))
     return 0
+
+
+def _training_backend(flags: list[str]) -> tuple[argparse.Namespace | None, list[str]]:
+    """``--train-backend megatron`` and its parallel sizes among the flags that are not about
+    placement (the rest stay "ignored"). Read only when given: the megatron flags' module
+    imports torch, and a plan of any other run takes a fraction of a second."""
+    if not any(f.split("=", 1)[0] == "--train-backend" for f in flags):
+        return None, flags
+    from rl_core.backends.megatron.parallel import add_megatron_args
+
+    parser = argparse.ArgumentParser(prog="rl-core plan", add_help=False)
+    parser.add_argument("--train-backend", choices=["torch", "megatron"], default="torch")
+    add_megatron_args(parser)
+    ns, rest = parser.parse_known_args(flags)
+    return (ns if ns.train_backend == "megatron" else None), rest
