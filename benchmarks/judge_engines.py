@@ -47,7 +47,7 @@ def row(name: str, n: int, seconds: float, base: float | None, **extra: Any) -> 
 
 
 def fresh(args: argparse.Namespace, vocab: int, seed: int) -> list[list[int]]:
-    torch.manual_seed(seed)  # _judge_prompts seeds its own generator: vary the groups per row
+    # _judge_prompts draws from a fixed seed: each row shifts every token to get fresh groups
     prompts = hf_engine._judge_prompts(
         args.groups, args.group_size, args.shared, args.private, vocab, False
     )

@@ -39,6 +39,7 @@ __all__ = [
     "EMBEDDED_JUDGE_ADAPTERS",
     "EMBEDDED_MODELS",
     "EMBEDDED_PREFIX",
+    "check_model_path",
     "default_cache_dir",
     "ensure_embedded_model",
     "is_embedded",
@@ -170,21 +171,37 @@ def ensure_embedded_model(cache_dir: str | Path | None = None, name: str = "gemm
     return target
 
 
-def resolve_model_path(model_path: str) -> Path:
-    """A local model folder for ``model_path``: ``embedded[:name]`` or an existing directory."""
+def check_model_path(model_path: str) -> None:
+    """Raise ``FileNotFoundError`` (saying why, without the path) unless ``model_path`` names a
+    model this package can load: ``embedded[:name]`` of a known name, or a folder with a
+    ``config.json``. Reads no weights and converts nothing: the check a launcher runs before
+    anything starts, and the one :func:`resolve_model_path` runs."""
     if is_embedded(model_path):
         name = model_path.partition(":")[2] or _DEFAULT_EMBEDDED
-        try:
-            return ensure_embedded_model(name=name)
-        except ValueError as err:
-            raise FileNotFoundError(f"model_path={model_path!r}: {err}") from None
+        if name not in EMBEDDED_MODELS:
+            raise FileNotFoundError(
+                f"embedded model {name!r} is unknown; known: {sorted(EMBEDDED_MODELS)}"
+            )
+        return
     path = Path(model_path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError("no such folder (a transformers model folder)")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
-            f"model_path={model_path!r} is not a model folder (no config.json there); use a local "
-            f"transformers model folder or 'embedded' for the built-in {_DEFAULT_EMBEDDED}"
+            "not a model folder (no config.json there); use a local transformers model folder "
+            f"or 'embedded' for the built-in {_DEFAULT_EMBEDDED}"
         )
-    return path
+
+
+def resolve_model_path(model_path: str) -> Path:
+    """A local model folder for ``model_path``: ``embedded[:name]`` or an existing directory."""
+    try:
+        check_model_path(model_path)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"model_path={model_path!r}: {err}") from None
+    if is_embedded(model_path):
+        return ensure_embedded_model(name=model_path.partition(":")[2] or _DEFAULT_EMBEDDED)
+    return Path(model_path).expanduser()
 
 
 def shipped_adapter_dir(name: str = _DEFAULT_EMBEDDED) -> Path:

@@ -41,23 +41,12 @@ def preflight(cfg: TrainConfig) -> None:
 
 
 def _check_model_folder(flag: str, path: str) -> None:
-    from genrm_serve.models import EMBEDDED_MODELS, is_embedded
+    from genrm_serve.models import check_model_path
 
-    if is_embedded(path):
-        name = path.partition(":")[2] or next(iter(EMBEDDED_MODELS))
-        if name not in EMBEDDED_MODELS:
-            raise ConfigError(
-                f"{flag} {path}: unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}"
-            )
-        return
-    folder = Path(path).expanduser()
-    if not folder.exists():
-        raise ConfigError(f"{flag} {path}: no such folder (a transformers model folder)")
-    if not (folder / "config.json").is_file():
-        raise ConfigError(
-            f"{flag} {path}: not a model folder (no config.json in it); give a transformers "
-            "model folder, or 'embedded' for the built-in model"
-        )
+    try:
+        check_model_path(path)
+    except FileNotFoundError as err:
+        raise ConfigError(f"{flag} {path}: {err}") from None
 
 
 def check_models(cfg: TrainConfig) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
@@ -111,7 +111,6 @@ def prefill_graph_args(
     fields: Iterable[str],
     *,
     graphs_in_memory_saver: bool,
-    log: Callable[[str], None] = logger.info,
 ) -> dict[str, Any]:
     """The prefill-graph setting our memory saver forces, or ``{}``.
 
@@ -134,7 +133,7 @@ def prefill_graph_args(
         )
     if any(k in server_args for k in _PREFILL_GRAPH_KEYS):
         return {}
-    log(
+    logger.info(
         "SGLang: prefill CUDA graphs off (cuda_graph_backend_prefill='disabled'): SGLang's "
         "default breakable prefill graphs refuse the memory saver that sleep / wake needs; "
         "decode graphs stay on. server_args cuda_graph_backend_prefill chooses another backend"
