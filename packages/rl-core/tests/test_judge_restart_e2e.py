@@ -12,7 +12,7 @@ import json
 import pytest
 
 from rl_core.config import parse_train_args
-from rl_core.data import make_easy_math
+from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.launch import run_training
 from rl_core.metrics import read_metrics
 
@@ -24,10 +24,7 @@ async def test_a_judge_engine_killed_mid_step_costs_no_reward(tmp_path, monkeypa
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     model = build_tiny_model(tmp_path / "policy")
-    train = tmp_path / "train.jsonl"
-    with train.open("w") as f:
-        for r in make_easy_math(8, seed=1, shots=1):
-            f.write(json.dumps({"prompt": r.prompt, "label": r.label}) + "\n")
+    train = write_prompt_data(tmp_path / "train.jsonl", make_easy_math(8, seed=1, shots=1))
     crashed = tmp_path / "judge-crashed"
     # a re-creation takes 8 s (a model load), longer than the client's retries of a 503 last:
     # only requests that wait for the new engine are all answered

@@ -7,20 +7,12 @@ import json
 import pytest
 
 from rl_core.config import parse_train_args
-from rl_core.data import make_easy_math
+from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.launch import run_training
 from rl_core.layout import layout_problems
 from rl_core.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
-
-
-def _write(path, records):
-    with path.open("w") as f:
-        for r in records:
-            f.write(json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}))
-            f.write("\n")
-    return path
 
 
 async def test_train_two_steps_from_flags(tmp_path, monkeypatch):
@@ -33,8 +25,8 @@ async def test_train_two_steps_from_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
     model = build_tiny_model(tmp_path / "policy")
-    train = _write(tmp_path / "train.jsonl", make_easy_math(8, seed=1, shots=1))
-    evals = _write(tmp_path / "eval.jsonl", make_easy_math(4, seed=2, shots=1))
+    train = write_prompt_data(tmp_path / "train.jsonl", make_easy_math(8, seed=1, shots=1))
+    evals = write_prompt_data(tmp_path / "eval.jsonl", make_easy_math(4, seed=2, shots=1))
     replies = {f"| {c}": "1" for c in "aeiou0123456789"}
     judge = {
         "__default__": {

@@ -15,20 +15,12 @@ import time
 
 import pytest
 
-from rl_core.data import make_easy_math
+from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
 STEPS = 4
-
-
-def _write(path, records):
-    with path.open("w") as f:
-        for r in records:
-            f.write(json.dumps({"prompt": r.prompt, "label": r.label, "metadata": r.metadata}))
-            f.write("\n")
-    return path
 
 
 def _argv(tmp_path, model, *extra):
@@ -46,7 +38,7 @@ def _argv(tmp_path, model, *extra):
         "--hf-checkpoint",
         str(model),
         "--prompt-data",
-        str(_write(tmp_path / "train.jsonl", make_easy_math(8, seed=1, shots=1))),
+        str(write_prompt_data(tmp_path / "train.jsonl", make_easy_math(8, seed=1, shots=1))),
         "--rm-type",
         "dapo-genrm",
         "--genrm-instances",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,6 +255,14 @@ def make_easy_math(n: int, *, seed: int, shots: int = 4) -> list[PromptRecord]:
 def record_json(record: PromptRecord) -> dict[str, Any]:
     """A record as a line of a prompt file (how the demo's generated sets are written)."""
     return {"prompt": record.prompt, "label": record.label, "metadata": record.metadata}
+
+
+def write_prompt_data(path: Path, records: Iterable[PromptRecord]) -> Path:
+    """``records`` as a prompt file (one :func:`record_json` line each); returns ``path``."""
+    with path.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(record_json(r)) + "\n")
+    return path
 
 
 def iter_batches(records: Sequence[PromptRecord], size: int) -> Iterator[list[PromptRecord]]:

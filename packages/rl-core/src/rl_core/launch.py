@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import socket
@@ -49,7 +48,7 @@ from genrm_serve import (
     wait_until_healthy,
 )
 from rl_core.config import GENERATED_DATA, TrainConfig
-from rl_core.data import PromptDataset, load_prompt_data, make_easy_math, record_json
+from rl_core.data import PromptDataset, load_prompt_data, make_easy_math, write_prompt_data
 from rl_core.distributed import ForwardGroup, TrainGroup
 from rl_core.engines import RayEngineHandle
 from rl_core.layout import read_layout, write_layout
@@ -95,11 +94,7 @@ def load_data(spec: str, cfg: TrainConfig, run_dir: Path, *, eval_set: bool) -> 
         n, seed = EASY_MATH_EVAL if spec.endswith("-eval") else EASY_MATH_TRAIN
         path = run_dir / "data" / f"{spec.removeprefix('gen:')}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as f:
-            for r in make_easy_math(n, seed=seed):
-                f.write(json.dumps(record_json(r)))
-                f.write("\n")
-        spec = str(path)
+        spec = str(write_prompt_data(path, make_easy_math(n, seed=seed)))
     ds = load_prompt_data(
         spec,
         input_key=cfg.input_key,
