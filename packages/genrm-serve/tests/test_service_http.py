@@ -481,7 +481,7 @@ def test_engine_restarted_by_ray_is_started_again_and_rejoins(
     args, handle = solo
     headers = {"Authorization": f"Bearer {API_KEY}"}
     ray.kill(handle, no_restart=False)  # Ray restarts the actor; its model must be loaded again
-    down = _wait_health(args, 503, 15)
+    down = _wait_health(args, 503, 30)  # a probe of the restarting actor may take its 10 s deadline
     assert down["instances"][DEFAULT_ROUTE_KEY]["engines_healthy"] == 0
     _wait_health(args, 200, 60)
     r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
