@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,10 +206,6 @@ class PromptCursor:
 
 # --- the CPU demo's math set ---------------------------------------------------------------------
 
-#: The policy's answer to an easy-math prompt is the text up to the first newline.
-EASY_MATH_STOP = "\n"
-
-
 def _easy_problem(rng: random.Random) -> tuple[str, int]:
     a, b = rng.randint(1, 9), rng.randint(1, 9)
     if rng.random() < 0.8:
@@ -263,9 +259,3 @@ def write_prompt_data(path: Path, records: Iterable[PromptRecord]) -> Path:
         for r in records:
             f.write(json.dumps(record_json(r)) + "\n")
     return path
-
-
-def iter_batches(records: Sequence[PromptRecord], size: int) -> Iterator[list[PromptRecord]]:
-    """Consecutive batches of ``size`` records (the last one may be shorter)."""
-    for start in range(0, len(records), size):
-        yield list(records[start : start + size])

@@ -31,7 +31,6 @@ from transformers import AutoTokenizer
 from genrm_client import close_genrm_clients
 from genrm_serve import (
     ENGINE_START_TIMEOUT_S,
-    LOCAL_RAY_ENV,
     CapacityError,
     EngineConfig,
     EnginePlacement,
@@ -73,9 +72,6 @@ from rl_core.weight_sync import choose_weight_sync, make_weight_sync
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-#: Set before Ray starts (unless the user set them): see ``genrm_serve.ray_env``.
-RAY_ENV = LOCAL_RAY_ENV
 
 #: Seeds of the demo's generated data sets (train and held-out evaluation differ).
 EASY_MATH_TRAIN = (256, 11)

@@ -62,7 +62,6 @@ class InlineRewards:
         self.reward_key = reward_key
         self._sem = asyncio.Semaphore(concurrency)
         self._tasks: list[asyncio.Task[None]] = []
-        self.on_scored: Callable[[Sample], None] | None = None
 
     async def _score(self, sample: Sample) -> None:
         async with self._sem:
@@ -74,8 +73,6 @@ class InlineRewards:
                 )
                 result = _error_result(err)
         sample.apply_reward(dict(result), self.reward_key)
-        if self.on_scored is not None:
-            self.on_scored(sample)
 
     def submit(self, samples: Sequence[Sample]) -> None:
         for s in samples:

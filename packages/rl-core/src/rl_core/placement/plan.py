@@ -46,7 +46,6 @@ __all__ = [
     "COLOCATE_GPU_SHARE",
     "DEFER_SWAP_MEM_FRACTION",
     "KNOWN_ROLES",
-    "MODES",
     "SHARED_MEM_WARN",
     "SPANNING_JUDGE_ENGINES",
     "Activity",
@@ -65,13 +64,6 @@ __all__ = [
 Mode = Literal[
     "colocate", "colocate-split", "colocate-shared", "colocate-defer-swap", "fully-async"
 ]
-MODES: tuple[str, ...] = (
-    "colocate",
-    "colocate-split",
-    "colocate-shared",
-    "colocate-defer-swap",
-    "fully-async",
-)
 
 #: Roles ``--resource`` may name (the original's). ``advantages`` may have 0 GPUs (it runs on CPU).
 KNOWN_ROLES: tuple[str, ...] = ("actor", "rollout", "genrm", "reference", "actor_fwd", "advantages")
