@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from genrm_rewards import agentic, dapo_genrm, defer, dual, rules
+from genrm_rewards import agentic, dapo_genrm, dual, rules
 from genrm_rewards.errors import RewardConfigError
 from genrm_rewards.types import BatchRewardFn, RewardFn, SampleLike
 
@@ -169,6 +169,6 @@ def resolve_reward_fn(args: Any) -> RewardFn:
 
 register("dapo-genrm", dapo_genrm.compute_score, batch_fn=dapo_genrm.compute_score_batch)
 register("math", rules.compute_score)
-register("dummy", defer.dummy)
+register("dummy", rules.dummy)
 register("dual-genrm", dual.compute_score)
 register("agentic-genrm", agentic.compute_score)

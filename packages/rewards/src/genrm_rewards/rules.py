@@ -1,4 +1,5 @@
-"""Rule-based answer checking with math-verify, safe to call from async code (and ``math``).
+"""Rule-based rewards: answer checking with math-verify (``math``), safe to call from async
+code, and the defer-mode placeholder (``dummy``).
 
 math-verify guards its parsing and comparison with ``signal.alarm``, which raises outside the
 main thread (Ray actors, FastAPI handlers, thread pools) and cannot be used from an event loop.
@@ -21,9 +22,16 @@ from typing import Any, Literal
 
 from genrm_rewards.args import resolve_args
 from genrm_rewards.samples import extract_answer, label_of, response_of
-from genrm_rewards.types import RewardResult, SampleLike
+from genrm_rewards.types import RewardResult, SampleLike, deferred_result
 
-__all__ = ["RuleDecision", "compute_score", "math_decide", "math_equal", "math_equal_sync"]
+__all__ = [
+    "RuleDecision",
+    "compute_score",
+    "dummy",
+    "math_decide",
+    "math_equal",
+    "math_equal_sync",
+]
 
 #: What math-verify says about an answer: proved ``equal``, parsed both and found them
 #: ``not_equal``, could not parse one side (``undecided``), or overran its deadline.
@@ -157,3 +165,9 @@ async def compute_score(args: Any, sample: SampleLike) -> RewardResult:
         }
     score = 1.0 if equal else 0.0
     return {"score": score, "acc": int(score), "pred": answer.strip()[:200], "status": "ok"}
+
+
+async def dummy(args: Any, sample: SampleLike) -> RewardResult:
+    """``--rm-type dummy``: inline 0 with status ``"deferred"`` (scored later in the batch, by
+    ``genrm_rewards.defer.score_deferred``)."""
+    return deferred_result()
