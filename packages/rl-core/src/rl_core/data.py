@@ -206,6 +206,7 @@ class PromptCursor:
 
 # --- the CPU demo's math set ---------------------------------------------------------------------
 
+
 def _easy_problem(rng: random.Random) -> tuple[str, int]:
     a, b = rng.randint(1, 9), rng.randint(1, 9)
     if rng.random() < 0.8:

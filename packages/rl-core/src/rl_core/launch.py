@@ -52,6 +52,7 @@ from rl_core.distributed import ForwardGroup, TrainGroup
 from rl_core.engines import RayEngineHandle
 from rl_core.layout import read_layout, write_layout
 from rl_core.metrics import MetricsWriter, PhaseClock
+from rl_core.participants import judge_id
 from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, Sleeper, phases_from_plan
 from rl_core.placement import (
     PlacementError,
@@ -244,7 +245,7 @@ def judge_specs(cfg: TrainConfig) -> dict[str, InstanceSpec]:
     plan = cfg.plan
     return {
         k: _engine_spec(
-            s, cfg.device, plan.judges[k].mem_fraction_static, sleeps=plan.sleeps(f"genrm:{k}")
+            s, cfg.device, plan.judges[k].mem_fraction_static, sleeps=plan.sleeps(judge_id(k))
         )
         for k, s in cfg.genrm_instances.items()
     }
@@ -475,7 +476,7 @@ async def run_training(
             await close_genrm_clients()
             stack.push_async_callback(close_genrm_clients)
             console.print(f"[bold]judge service[/]: {url} ({', '.join(instances)})")
-            participants.update({f"genrm:{k}": JudgeSleeper(url, k) for k in instances})
+            participants.update({judge_id(k): JudgeSleeper(url, k) for k in instances})
 
         phases = PhaseMachine(phases_from_plan(plan), participants)
         if plan.phases_overlap:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from rl_core.participants import judge_id
 from rl_core.placement.realize import RealizedPlacement
 
 LAYOUT_FILE = "layout.json"
@@ -138,7 +139,7 @@ async def read_layout(
     ]
     for key, actors in judge_actors.items():
         engines += [
-            (f"genrm:{key}", a, p)
+            (judge_id(key), a, p)
             for a, p in zip(actors, plan.engines_of("genrm", key), strict=True)
         ]
     for role, actor, p in engines:

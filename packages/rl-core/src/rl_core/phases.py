@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from rl_core.participants import is_judge
+
 logger = logging.getLogger(__name__)
 
 State = Literal["active", "asleep"]
@@ -137,4 +139,4 @@ class PhaseMachine:
         return out
 
     def judges(self) -> list[str]:
-        return [w for w in self.participants if w.startswith("genrm:")]
+        return [w for w in self.participants if is_judge(w)]

@@ -39,6 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from genrm_serve import InstanceSpec
+from rl_core.participants import judge_id
 from rl_core.placement.errors import PlacementError
 
 __all__ = [
@@ -527,7 +528,7 @@ def _phases(
 
     def judge(j: JudgePlacement, state: Literal["active", "asleep"], task: str) -> Activity:
         mem = j.mem_fraction_static if state == "active" else None
-        return act(f"genrm:{j.route_key}", j.group, j.bundles, state, task, mem)
+        return act(judge_id(j.route_key), j.group, j.bundles, state, task, mem)
 
     def trainers(state: Literal["active", "asleep"]) -> list[Activity]:
         task = {

@@ -8,6 +8,7 @@ before anything is started.
 
 from __future__ import annotations
 
+from rl_core.participants import is_judge, judge_key
 from rl_core.placement.plan import (
     COLOCATE_GPU_SHARE,
     Activity,
@@ -51,8 +52,8 @@ def _ranges(bundles: tuple[int, ...]) -> str:
 
 def _cells(plan: PlacementPlan, group: GroupPlan, act: Activity) -> list[str]:
     cells = ["."] * group.num_bundles
-    if act.who == "rollout" or act.who.startswith("genrm:"):
-        instance = None if act.who == "rollout" else act.who.split(":", 1)[1]
+    if act.who == "rollout" or is_judge(act.who):
+        instance = judge_key(act.who)
         role = "rollout" if instance is None else "genrm"
         for e in plan.engines_of(role, instance):
             for b in e.bundles:
@@ -73,7 +74,7 @@ def _grid(cells: list[str], gpn: int, width: int) -> str:
 
 
 def _mem(act: Activity) -> str:
-    if act.who != "rollout" and not act.who.startswith("genrm:"):
+    if act.who != "rollout" and not is_judge(act.who):
         return ""
     if act.mem_fraction_static is None:
         return "mem_fraction_static: engine default"
@@ -81,8 +82,8 @@ def _mem(act: Activity) -> str:
 
 
 def _what(plan: PlacementPlan, act: Activity) -> str:
-    if act.who == "rollout" or act.who.startswith("genrm:"):
-        instance = None if act.who == "rollout" else act.who.split(":", 1)[1]
+    if act.who == "rollout" or is_judge(act.who):
+        instance = judge_key(act.who)
         engines = plan.engines_of("rollout" if instance is None else "genrm", instance)
         size = len(engines[0].bundles) if engines else 0
         return f"{len(engines)} engine{'s' * (len(engines) != 1)} × {size} GPU"
