@@ -370,12 +370,13 @@ class TestAgainstTheService:
     def service(self, ray_cluster: str) -> Iterator[str]:
         from ray import serve
 
-        from genrm_serve.app import build_app, deploy, wait_until_healthy
+        from genrm_serve.app import build_app, deploy, start_proxy, wait_until_healthy
         from genrm_serve.config import build_instances
         from genrm_serve.serve_args import ServeArgs
 
         instances = build_instances(instances=JUDGES, engine="scripted")
-        args = ServeArgs(port=free_port(), api_key=None, engine_num_cpus=0.1)
+        # the proxy on a free port first (another one if that is taken before it binds)
+        args = ServeArgs(port=start_proxy(), api_key=None, engine_num_cpus=0.1)
         old = {k: os.environ.get(k) for k in ("GENRM_URL", "GENRM_MAX_RETRIES")}
         try:
             deploy(build_app(instances, args=args), args)

@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 
-from genrm_serve import testing
+from genrm_serve import app, testing
 
 
 def test_a_port_taken_before_the_proxy_binds_it_is_replaced(
@@ -19,8 +19,8 @@ def test_a_port_taken_before_the_proxy_binds_it_is_replaced(
         taken.listen()
         busy = taken.getsockname()[1]
         offered = iter([busy])  # the first "free" port: held by another process by now
-        real = testing.free_port
-        monkeypatch.setattr(testing, "free_port", lambda: next(offered, None) or real())
+        real = app.free_port
+        monkeypatch.setattr(app, "free_port", lambda host: next(offered, None) or real(host))
         with testing.local_ray_serve(num_cpus=1) as port:
             assert port != busy
             # Serve's proxy answers on the port it got (404: no app deployed)

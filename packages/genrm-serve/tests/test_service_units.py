@@ -455,13 +455,13 @@ def test_serve_start_goes_past_proxies_serve_replaced(monkeypatch: pytest.Monkey
 
     args = ServeArgs(port=free_port(), api_key=None)
     monkeypatch.setattr(serve, "start", start(limits.PROXY_START_ATTEMPTS - 1))
-    app._start_serve(args)
+    app._start_serve(args.host, args.port)
     assert len(calls) == limits.PROXY_START_ATTEMPTS
     assert calls[-1] == {"http_options": {"host": args.host, "port": args.port}}
     calls.clear()
     monkeypatch.setattr(serve, "start", start(limits.PROXY_START_ATTEMPTS))
     with pytest.raises(ray.exceptions.ActorDiedError):
-        app._start_serve(args)
+        app._start_serve(args.host, args.port)
     assert len(calls) == limits.PROXY_START_ATTEMPTS
 
 

@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "deploy": "genrm_serve.app",
     "EngineStartError": "genrm_serve.app",
     "shutdown_serve": "genrm_serve.app",
+    "start_proxy": "genrm_serve.app",
     "wait_until_healthy": "genrm_serve.app",
     "EnginePlacement": "genrm_serve.engine_refs",
     "EngineRef": "genrm_serve.engine_refs",
@@ -92,6 +93,7 @@ __all__ = [
     "plan_buckets",
     "resolve_model_path",
     "shutdown_serve",
+    "start_proxy",
     "unpack_bucket",
     "wait_until_healthy",
 ]
@@ -116,6 +118,7 @@ if TYPE_CHECKING:  # the names as type checkers see them
         build_app,
         deploy,
         shutdown_serve,
+        start_proxy,
         wait_until_healthy,
     )
     from genrm_serve.capacity import CapacityError, check_fits

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +32,14 @@ from genrm_serve.engine_refs import EngineSource, engine_actor_name, normalize_e
 from genrm_serve.ingress import GenRMIngress
 from genrm_serve.serve_args import ServeArgs
 
-__all__ = ["build_app", "deploy", "shutdown_serve", "wait_until_healthy"]
+__all__ = [
+    "build_app",
+    "deploy",
+    "free_port",
+    "shutdown_serve",
+    "start_proxy",
+    "wait_until_healthy",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +111,43 @@ def deploy(app: Application, args: ServeArgs | None = None) -> DeploymentHandle[
     Ray must be initialised (``ray.init``) by the caller.
     """
     args = args or ServeArgs()
-    _start_serve(args)
+    _start_serve(args.host, args.port)
     return serve.run(app, name=args.app_name, route_prefix=args.route_prefix)
 
 
-def _start_serve(args: ServeArgs) -> None:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port of ``host`` nothing listens on right now (only while asked: :func:`start_proxy`)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def start_proxy(host: str = "127.0.0.1", port: int | None = None) -> int:
+    """Start Serve's HTTP proxy on ``host:port``, or on a free port when ``port`` is ``None``;
+    returns the port. Ray must be initialised by the caller.
+
+    A free port is free only when asked: another process (a busy machine starts many) may take
+    it before the proxy, a Ray process of its own, binds it ("Failed to bind to address"). Then
+    another free port is tried, up to :data:`limits.FREE_PORT_ATTEMPTS` times. A port the caller
+    chose is theirs to fix, so its bind error is raised. :func:`deploy` with the same host and
+    port then connects to this proxy.
+    """
+    for attempt in range(1, limits.FREE_PORT_ATTEMPTS + 1):
+        chosen = free_port(host) if port is None else port
+        try:
+            _start_serve(host, chosen)
+            return chosen
+        except Exception as err:
+            if port is not None or "bind" not in str(err).lower():
+                raise
+            if attempt == limits.FREE_PORT_ATTEMPTS:
+                raise
+            logger.warning("port %d was taken before Serve's proxy bound it: another", chosen)
+            serve.shutdown()  # type: ignore[no-untyped-call]
+    raise AssertionError("unreachable")
+
+
+def _start_serve(host: str, port: int) -> None:
     """``serve.start``, past a first HTTP proxy that Serve itself replaced.
 
     Serve's controller declares a proxy unhealthy when it is not ready within a few seconds of
@@ -122,7 +162,7 @@ def _start_serve(args: ServeArgs) -> None:
 
     for attempt in range(1, limits.PROXY_START_ATTEMPTS + 1):
         try:
-            serve.start(http_options={"host": args.host, "port": args.port})
+            serve.start(http_options={"host": host, "port": port})
             return
         except ray.exceptions.ActorDiedError:  # the proxy (a dead controller is made anew)
             if attempt == limits.PROXY_START_ATTEMPTS:

@@ -65,6 +65,9 @@ SERVE_GONE_WAIT_S: Final = 60.0
 #: ``serve.start`` attempts while Serve's controller replaces an HTTP proxy that was slow to
 #: start (see ``app.deploy``).
 PROXY_START_ATTEMPTS: Final = 3
+#: Free ports tried when Serve's proxy loses the one it was given to another process (see
+#: ``app.start_proxy``).
+FREE_PORT_ATTEMPTS: Final = 3
 #: ``genrm-serve status``: the HTTP deadline of its two requests.
 STATUS_TIMEOUT_S: Final = 10.0
 #: ``genrm-serve shutdown``: how long it waits for the app to be deleted.

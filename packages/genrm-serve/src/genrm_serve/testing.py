@@ -19,7 +19,6 @@ tests use: several test sessions share one machine, so a fixed port (8000) or a 
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,10 +43,11 @@ __all__ = [
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on right now (``genrm_serve.app.free_port``, imported
+    lazily: this module stays light to import)."""
+    from genrm_serve.app import free_port as _free_port
+
+    return _free_port()
 
 
 def lines_until(stream: IO[str], prefix: str, timeout_s: float = 150.0) -> list[str]:
@@ -91,35 +91,15 @@ def local_ray_serve(num_cpus: int, port: int | None = None) -> Iterator[int]:
     import ray
     from ray import serve
 
+    from genrm_serve.app import start_proxy
+
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     try:
-        yield _serve_on(port)
+        # a free port is chosen after Ray's own processes are up, and replaced if lost
+        yield start_proxy("127.0.0.1", port)
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
-
-
-#: Free ports tried when Serve's proxy loses the one it was given to another process.
-SERVE_PORT_ATTEMPTS = 3
-
-
-def _serve_on(port: int | None) -> int:
-    """Start Serve's proxy on ``port``, or on a free one. A free port is chosen after Ray's own
-    processes are up, and another is tried if one of them (or a test's) took it before the proxy
-    bound it: "free" is only true when asked, and a busy machine starts many processes."""
-    from ray import serve
-
-    for attempt in range(1, SERVE_PORT_ATTEMPTS + 1):
-        chosen = free_port() if port is None else port
-        try:
-            serve.start(http_options={"host": "127.0.0.1", "port": chosen})
-            return chosen
-        except Exception as err:
-            # a port the caller chose is theirs to fix; only a lost free port is replaced
-            if port is not None or "bind" not in str(err).lower() or attempt == SERVE_PORT_ATTEMPTS:
-                raise
-            serve.shutdown()  # type: ignore[no-untyped-call]
-    raise AssertionError("unreachable")
 
 
 #: Special tokens of the tiny tokenizer, in id order (ids 0..4).

@@ -16,7 +16,6 @@ import contextlib
 import importlib.util
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -44,6 +43,7 @@ from genrm_serve import (
     deploy,
     resolve_model_path,
     shutdown_serve,
+    start_proxy,
     wait_until_healthy,
 )
 from rl_core.config import GENERATED_DATA, TrainConfig
@@ -115,12 +115,6 @@ def _prepare_run_dir(cfg: TrainConfig) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
     return run_dir
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class JudgeSleeper:
@@ -348,10 +342,13 @@ async def start_judge_service(
         ]
         for key in instances
     }
-    sargs = ServeArgs(port=port or _free_port(), engine_num_cpus=0.5)
     # Serve is shut down however this ends (a start cut short too); both block: off the loop,
     # which meanwhile starts what else the plan has.
     stack.push_async_callback(asyncio.to_thread, shutdown_serve)
+    host = ServeArgs.model_fields["host"].default
+    # the proxy first: on a free port (another one if that was taken before it bound it)
+    port = await _ray_call_in_thread(start_proxy, host, port)
+    sargs = ServeArgs(host=host, port=port, engine_num_cpus=0.5)
     await _ray_call_in_thread(deploy, build_app(instances, engines=refs, args=sargs), sargs)
     # an engine that cannot start ends the wait with its error (EngineStartError); a cancelled
     # start (Ctrl-C, a failed sibling step) ends it at the next poll, not at the deadline
