@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "CapacityError": "genrm_serve.capacity",
     "check_fits": "genrm_serve.capacity",
     "ENGINE_START_TIMEOUT_S": "genrm_serve.limits",
+    "WEIGHT_GROUP_TIMEOUT_S": "genrm_serve.limits",
     # the service
     "build_app": "genrm_serve.app",
     "deploy": "genrm_serve.app",
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "ENGINE_START_TIMEOUT_S",
     "LOCAL_RAY_ENV",
+    "WEIGHT_GROUP_TIMEOUT_S",
     "BucketMeta",
     "CapacityError",
     "Engine",
@@ -149,7 +151,7 @@ if TYPE_CHECKING:  # the names as type checkers see them
         unpack_bucket,
     )
     from genrm_serve.engines.worker import EngineWorker, create_engine_worker
-    from genrm_serve.limits import ENGINE_START_TIMEOUT_S
+    from genrm_serve.limits import ENGINE_START_TIMEOUT_S, WEIGHT_GROUP_TIMEOUT_S
     from genrm_serve.models import resolve_model_path
     from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
     from genrm_serve.serve_args import ServeArgs

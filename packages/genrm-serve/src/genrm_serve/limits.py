@@ -31,6 +31,13 @@ RESTART_BACKOFF_MAX_S: Final = 30.0
 #: How long a process waits for another's conversion of the embedded model.
 MODEL_LOCK_TIMEOUT_S: Final = 900.0
 
+# ---- weights ---------------------------------------------------------------------------------
+
+#: How long the members of a weight-broadcast group (trainer rank 0 and the engines) wait for
+#: each other: the group's store and its collectives. rl-core's calls that form and use the
+#: group have longer deadlines, so this one's error arrives first.
+WEIGHT_GROUP_TIMEOUT_S: Final = 600.0
+
 # ---- the Serve deployment (the ingress replica) -----------------------------------------------
 
 #: Ray Serve's own probe of the ingress replica (its defaults, set explicitly).

@@ -14,9 +14,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from genrm_serve import Engine, EngineOutput, EngineRequest
-
-#: Deadline of one engine call (generate of a batch, sleep, wake, weight update).
-ENGINE_CALL_TIMEOUT_S = 1800.0
+from rl_core.limits import ENGINE_CALL_TIMEOUT_S
 
 
 class StaleWeightsError(RuntimeError):

@@ -29,7 +29,6 @@ from transformers import AutoTokenizer
 
 from genrm_client import close_genrm_clients
 from genrm_serve import (
-    ENGINE_START_TIMEOUT_S,
     CapacityError,
     EngineConfig,
     EnginePlacement,
@@ -51,6 +50,11 @@ from rl_core.data import PromptDataset, load_prompt_data, make_easy_math, write_
 from rl_core.distributed import ForwardGroup, TrainGroup
 from rl_core.engines import RayEngineHandle
 from rl_core.layout import read_layout, write_layout
+from rl_core.limits import (
+    ENGINE_PROBE_TIMEOUT_S,
+    ENGINE_START_TIMEOUT_S,
+    RAY_CALL_SETTLE_S,
+)
 from rl_core.metrics import MetricsWriter, PhaseClock
 from rl_core.participants import judge_id
 from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, Sleeper, phases_from_plan
@@ -243,10 +247,6 @@ def judge_specs(cfg: TrainConfig) -> dict[str, InstanceSpec]:
         )
         for k, s in cfg.genrm_instances.items()
     }
-
-
-#: How long a cancelled start-up waits for a blocking Ray call in a thread to return.
-RAY_CALL_SETTLE_S = 30.0
 
 
 async def _ray_call_in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -579,7 +579,10 @@ class GpuMemoryProbe:
 
     async def _engines_where(self) -> list[tuple[str, str]]:
         if self._engine_gpus is None:
-            infos = await asyncio.gather(*(a.info.remote() for a in self.engine_actors))
+            infos = await asyncio.wait_for(
+                asyncio.gather(*(a.info.remote() for a in self.engine_actors)),
+                ENGINE_PROBE_TIMEOUT_S,
+            )
             self._engine_gpus = [
                 (str(i.get("node_id")), str((i.get("gpu_ids") or ["?"])[0])) for i in infos
             ]
@@ -589,7 +592,10 @@ class GpuMemoryProbe:
         ranks, where, stats = await asyncio.gather(
             self.learner.memory(),
             self._engines_where(),
-            asyncio.gather(*(a.stats.remote() for a in self.engine_actors)),
+            asyncio.wait_for(
+                asyncio.gather(*(a.stats.remote() for a in self.engine_actors)),
+                ENGINE_PROBE_TIMEOUT_S,
+            ),
         )
         readings: dict[tuple[str, str], float] = {}
         for r in ranks:

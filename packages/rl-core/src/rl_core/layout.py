@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from rl_core.limits import ENGINE_PROBE_TIMEOUT_S
 from rl_core.participants import judge_id
 from rl_core.placement.realize import RealizedPlacement
 
@@ -145,7 +146,10 @@ async def read_layout(
     for role, actor, p in engines:
         entry = _plan_entry(realized, role, p.index, p.group, p.bundles[0], p.gpu_fraction)
         entries.append((actor, entry, actor.info.remote()))
-    reports = await asyncio.gather(*(f for _, _, f in entries))
+    # questions only (where each actor runs): the probe deadline, for all of them at once
+    reports = await asyncio.wait_for(
+        asyncio.gather(*(f for _, _, f in entries)), ENGINE_PROBE_TIMEOUT_S
+    )
     view = await asyncio.to_thread(read_state_api)
     state = view.actors if view is not None else None
     actors = []

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genrm_client import GenRMError
+from rl_core.limits import REWARD_TIMEOUT_S
 from rl_core.phases import PhaseMachine
 from rl_core.sample import Sample
 
@@ -30,9 +31,6 @@ logger = logging.getLogger(__name__)
 RewardFn = Callable[[Any, Any], Awaitable[Mapping[str, Any]]]
 BatchRewardFn = Callable[[Any, Sequence[Any]], Awaitable[Sequence[Mapping[str, Any]]]]
 PostProcessHook = Callable[["PostProcessContext", list[Sample]], Awaitable[None]]
-
-#: Deadline for one reward call; past it the sample is a judge error.
-REWARD_TIMEOUT_S = 600.0
 
 
 class JudgeFailureError(RuntimeError):

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from genrm_serve import limits
+
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "BucketMeta",
@@ -371,7 +373,7 @@ class WeightBroadcastGroup:
         world_size: int,
         *,
         backend: str = "nccl",
-        timeout_s: float = 600.0,
+        timeout_s: float = limits.WEIGHT_GROUP_TIMEOUT_S,
     ) -> None:
         import torch.distributed as dist
 

@@ -5,6 +5,10 @@ role in the realised plan (with the plan's GPU share), joins them into one ``tor
 group, and splits every optimizer step of a rollout across them by tokens. The GRPO driver talks
 to a :class:`Learner` — this group, or :class:`LocalLearner` over a backend in this process — and
 never knows how many ranks there are.
+
+Every call to the ranks has a deadline (``rl_core.limits``): :data:`TRAINER_CALL_TIMEOUT_S`
+for work, :data:`TRAINER_PROBE_TIMEOUT_S` for questions, :data:`TRAINER_START_TIMEOUT_S` for
+the start.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem
 from rl_core.distributed.sharding import split_by_tokens
 from rl_core.distributed.worker import Logprobs, TrainWorker, train_shards
+from rl_core.limits import TRAINER_CALL_TIMEOUT_S, TRAINER_PROBE_TIMEOUT_S, TRAINER_START_TIMEOUT_S
 
 #: Metrics every rank reports the same value of (the others are sums over ranks).
 _SAME_ON_EVERY_RANK = frozenset({"grad_norm", "lr"})
@@ -168,11 +173,27 @@ class _RayGroup:
             for rank in range(self.world_size)
         ]
 
+    async def _wait(self, what: str, refs: Sequence[Any], timeout_s: float) -> list[Any]:
+        """The ranks' answers to ``refs`` (calls named ``what``), within ``timeout_s``."""
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*refs), timeout_s))
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.role} ranks: {what} did not finish within {timeout_s:.0f} s"
+            ) from None
+
+    async def _one(self, what: str, ref: Any, timeout_s: float = TRAINER_CALL_TIMEOUT_S) -> Any:
+        return (await self._wait(what, [ref], timeout_s))[0]
+
     async def start(self) -> list[dict[str, Any]]:
         """Join the process group and load the model on every rank; where each rank runs."""
-        addr, port = await self.workers[0].address.remote()
-        where = list(await asyncio.gather(*(w.setup.remote(addr, port) for w in self.workers)))
-        self.tp = int(await self.workers[0].model_parallel_size.remote())
+        addr, port = await self._one(
+            "address", self.workers[0].address.remote(), TRAINER_PROBE_TIMEOUT_S
+        )
+        setups = [w.setup.remote(addr, port) for w in self.workers]
+        where = await self._wait("setup", setups, TRAINER_START_TIMEOUT_S)
+        mp = self.workers[0].model_parallel_size.remote()
+        self.tp = int(await self._one("model_parallel_size", mp, TRAINER_PROBE_TIMEOUT_S))
         #: what the ranks compute in (e.g. "fp32: this CPU has no native bf16"), for the summary
         self.precision = where[0].get("precision")
         return where
@@ -182,10 +203,14 @@ class _RayGroup:
         return self.world_size // self.tp
 
     async def where(self) -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(w.where.remote() for w in self.workers)))
+        refs = [w.where.remote() for w in self.workers]
+        return await self._wait("where", refs, TRAINER_PROBE_TIMEOUT_S)
 
-    async def _all(self, method: str, *args: Any) -> list[Any]:
-        return list(await asyncio.gather(*(getattr(w, method).remote(*args) for w in self.workers)))
+    async def _all(
+        self, method: str, *args: Any, timeout_s: float = TRAINER_CALL_TIMEOUT_S
+    ) -> list[Any]:
+        refs = [getattr(w, method).remote(*args) for w in self.workers]
+        return await self._wait(method, refs, timeout_s)
 
     async def shutdown(self) -> None:
         import ray
@@ -222,7 +247,7 @@ class TrainGroup(_RayGroup):
             w.train.remote(pick(steps, r), tokens, pick(old_steps, r), pick(ref_steps, r))
             for r, w in enumerate(self.workers)
         ]
-        per_rank = list(await asyncio.gather(*calls))
+        per_rank = await self._wait("train", calls, TRAINER_CALL_TIMEOUT_S)
         return average(per_rank[:: self.tp], len(steps))  # TP peers report the same numbers
 
     async def export_weights(self) -> Any:
@@ -232,7 +257,7 @@ class TrainGroup(_RayGroup):
         """
         refs = [w.export_weights.remote() for w in self.workers[: self.tp]]
         if self.tp > 1:
-            await asyncio.gather(*refs[1:])
+            await self._wait("export_weights", refs[1:], TRAINER_CALL_TIMEOUT_S)
         return refs[0]
 
     async def offload(self) -> None:
@@ -243,7 +268,7 @@ class TrainGroup(_RayGroup):
 
     async def memory(self) -> list[dict[str, Any]]:
         """Every rank's GPU memory now (and its last offload / onload seconds)."""
-        return await self._all("memory")
+        return await self._all("memory", timeout_s=TRAINER_PROBE_TIMEOUT_S)
 
     # --- weights on the device (``rl_core.weight_sync``) ---------------------------------------
 
@@ -251,26 +276,32 @@ class TrainGroup(_RayGroup):
         self, bucket_bytes: int, dtype: str, ranks: Sequence[int] = (0,)
     ) -> list[Any]:
         """Plan the next sync on ``ranks`` (every rank holds the same weights: the same plan)."""
-        plans = await asyncio.gather(
-            *(self.workers[r].weight_buckets.remote(bucket_bytes, dtype) for r in ranks)
-        )
+        refs = [self.workers[r].weight_buckets.remote(bucket_bytes, dtype) for r in ranks]
+        plans = await self._wait("weight_buckets", refs, TRAINER_CALL_TIMEOUT_S)
         return list(plans[0])
 
     async def export_bucket_ipc(self, rank: int, index: int) -> Any:
-        return await self.workers[rank].export_bucket_ipc.remote(index)
+        return await self._one(
+            "export_bucket_ipc", self.workers[rank].export_bucket_ipc.remote(index)
+        )
 
     async def release_ipc(self, ranks: Sequence[int]) -> None:
-        await asyncio.gather(*(self.workers[r].release_ipc.remote() for r in ranks))
+        refs = [self.workers[r].release_ipc.remote() for r in ranks]
+        await self._wait("release_ipc", refs, TRAINER_CALL_TIMEOUT_S)
 
     async def weight_group_address(self) -> tuple[str, int]:
-        addr, port = await self.workers[0].address.remote()
+        ref = self.workers[0].address.remote()
+        addr, port = await self._one("address", ref, TRAINER_PROBE_TIMEOUT_S)
         return str(addr), int(port)
 
     async def init_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
-        await self.workers[0].init_weight_group.remote(host, port, world_size, backend)
+        ref = self.workers[0].init_weight_group.remote(host, port, world_size, backend)
+        await self._one("init_weight_group", ref)
 
     async def broadcast_weights(self) -> float:
-        return float(await self.workers[0].broadcast_weights.remote())
+        return float(
+            await self._one("broadcast_weights", self.workers[0].broadcast_weights.remote())
+        )
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
         await self._all("save", str(path), extra)
@@ -285,12 +316,11 @@ class ForwardGroup(_RayGroup):
 
     async def logprobs(self, items: list[TrainItem], *, reference: bool = False) -> list[Any]:
         shards = split_by_tokens(items, self.world_size)
-        parts = await asyncio.gather(
-            *(
-                w.logprobs.remote([items[i] for i in shard], reference)
-                for w, shard in zip(self.workers, shards, strict=True)
-            )
-        )
+        refs = [
+            w.logprobs.remote([items[i] for i in shard], reference)
+            for w, shard in zip(self.workers, shards, strict=True)
+        ]
+        parts = await self._wait("logprobs", refs, TRAINER_CALL_TIMEOUT_S)
         out: list[Any] = [None] * len(items)
         for shard, lps in zip(shards, parts, strict=True):
             for i, lp in zip(shard, lps, strict=True):

@@ -18,11 +18,9 @@ from typing import Any
 import torch
 
 from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem
+from rl_core.limits import PROCESS_GROUP_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
-
-#: How long ranks wait for each other to join the process group.
-PROCESS_GROUP_TIMEOUT_S = 600.0
 
 Logprobs = list[torch.Tensor]
 

@@ -36,6 +36,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from genrm_serve import InstanceSpec
+from rl_core.limits import PLACEMENT_TIMEOUT_S
 from rl_core.placement.errors import PlacementUnavailableError
 from rl_core.placement.plan import EnginePlacement, GroupPlan, PlacementPlan
 
@@ -250,7 +251,7 @@ def _check_engines(realized: RealizedPlacement) -> None:
 def create_placement_groups(
     plan: PlacementPlan,
     *,
-    timeout_s: float = 600.0,
+    timeout_s: float = PLACEMENT_TIMEOUT_S,
     log_interval_s: float = 10.0,
     use_gpus: bool = True,
 ) -> RealizedPlacement:

@@ -1,0 +1,59 @@
+"""Every deadline of rl-core, written once: the other modules import them from here.
+
+Before, rl-core kept its own 1800 / 600 s values in four modules, and the calls to trainer ranks
+had no deadline at all (they relied on torch.distributed's own). The rule, as in genrm-serve's
+``limits.py``: every call to an actor has a deadline, and a wait that holds another one is the
+longer of the two, so the inner wait's own error (which says what hung) arrives first. The
+nesting is spelled out next to each value and checked in ``tests/test_limits.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from genrm_serve import ENGINE_START_TIMEOUT_S, WEIGHT_GROUP_TIMEOUT_S
+
+__all__ = [
+    "ENGINE_CALL_TIMEOUT_S",
+    "ENGINE_PROBE_TIMEOUT_S",
+    "ENGINE_START_TIMEOUT_S",
+    "PLACEMENT_TIMEOUT_S",
+    "PROCESS_GROUP_TIMEOUT_S",
+    "RAY_CALL_SETTLE_S",
+    "REWARD_TIMEOUT_S",
+    "TRAINER_CALL_TIMEOUT_S",
+    "TRAINER_PROBE_TIMEOUT_S",
+    "TRAINER_START_TIMEOUT_S",
+    "WEIGHT_GROUP_TIMEOUT_S",
+]
+
+# ---- start-up ----------------------------------------------------------------------------------
+
+#: Placement groups created, ready and located (``realize.create_placement_groups``).
+PLACEMENT_TIMEOUT_S: Final = 600.0
+#: How long a cancelled start-up waits for a blocking Ray call in a thread to return.
+RAY_CALL_SETTLE_S: Final = 30.0
+#: How long trainer ranks wait for each other in a ``torch.distributed`` collective, joining
+#: the process group included (the group's own timeout, enforced on the ranks).
+PROCESS_GROUP_TIMEOUT_S: Final = 600.0
+#: A trainer rank's start: join the process group (up to :data:`PROCESS_GROUP_TIMEOUT_S`), then
+#: load the model, as long as an engine's model load (genrm-serve's ``ENGINE_START_TIMEOUT_S``).
+TRAINER_START_TIMEOUT_S: Final = PROCESS_GROUP_TIMEOUT_S + ENGINE_START_TIMEOUT_S
+
+# ---- the loop ----------------------------------------------------------------------------------
+
+#: One call to a rollout engine (a batch's generate, sleep, wake, one weight update). A weight
+#: update over a broadcast group waits inside it for the group (``WEIGHT_GROUP_TIMEOUT_S``).
+ENGINE_CALL_TIMEOUT_S: Final = 1800.0
+#: A read of an engine's stats or whereabouts (the memory probe, the layout report).
+ENGINE_PROBE_TIMEOUT_S: Final = 60.0
+#: One reward call (a sample's, or a batch's in defer mode); past it the samples are judge
+#: errors. Above genrm-client's own total per request (120 s), so its retries fit inside.
+REWARD_TIMEOUT_S: Final = 600.0
+#: One call to the trainer ranks that computes: a rollout's training, log-probs, a weight
+#: export or broadcast, offload / onload, save / load. Inside it, the ranks' collectives wait up
+#: to :data:`PROCESS_GROUP_TIMEOUT_S` (a rank that hangs fails there first).
+TRAINER_CALL_TIMEOUT_S: Final = 3600.0
+#: A question to the trainer ranks that computes nothing (where they run, their memory, rank 0's
+#: address).
+TRAINER_PROBE_TIMEOUT_S: Final = 60.0
