@@ -41,6 +41,9 @@ _EXPORTS: dict[str, str] = {
     "EngineError": "genrm_serve.engines.base",
     "EngineOutput": "genrm_serve.engines.base",
     "EngineRequest": "genrm_serve.engines.base",
+    "engine_id_for": "genrm_serve.engines.base",
+    "EngineActor": "genrm_serve.engines.actor",
+    "EngineGoneError": "genrm_serve.engines.actor",
     "EngineWorker": "genrm_serve.engines.worker",
     "create_engine_worker": "genrm_serve.engines.worker",
     # moving weights: host buffers, buckets, CUDA IPC, a broadcast group
@@ -67,9 +70,11 @@ __all__ = [
     "BucketMeta",
     "CapacityError",
     "Engine",
+    "EngineActor",
     "EngineAsleepError",
     "EngineConfig",
     "EngineError",
+    "EngineGoneError",
     "EngineOutput",
     "EnginePlacement",
     "EngineRef",
@@ -88,6 +93,7 @@ __all__ = [
     "check_fits",
     "create_engine_worker",
     "deploy",
+    "engine_id_for",
     "instances_from_args",
     "ipc_handle",
     "open_ipc_handle",
@@ -132,12 +138,14 @@ if TYPE_CHECKING:  # the names as type checkers see them
         instances_from_args,
     )
     from genrm_serve.engine_refs import EnginePlacement, EngineRef
+    from genrm_serve.engines.actor import EngineActor, EngineGoneError
     from genrm_serve.engines.base import (
         Engine,
         EngineAsleepError,
         EngineError,
         EngineOutput,
         EngineRequest,
+        engine_id_for,
     )
     from genrm_serve.engines.weights import (
         DEFAULT_BUCKET_BYTES,

@@ -302,6 +302,8 @@ class GenRMIngress:
         replicas = args.ingress_replicas
         rank = _replica_rank()
         self.routers: dict[str, InstanceRouter] = {}
+        # the supervisor tends the routers filled in below; a router tells it of a dead engine
+        self.supervisor = EngineSupervisor(self.routers, args)
         for key, spec in instances.items():
             refs = engines.get(key) or (
                 self._standalone_refs(spec) if rank == 0 else _standalone_names(spec, args)
@@ -317,10 +319,8 @@ class GenRMIngress:
                 max_queued=-(-spec.engine_config.max_queued_requests // replicas),
                 request_timeout_s=args.request_timeout_s,
                 engines_shared=replicas > 1,
+                on_engine_gone=self.supervisor.kick,
             )
-        self.supervisor = EngineSupervisor(self.routers, args)
-        for router in self.routers.values():
-            router._on_engine_gone = self.supervisor.kick
         self.supervisor.start()
         self.publisher: MetricsPublisher | None = None
         if replicas > 1:

@@ -33,9 +33,12 @@ MODEL_LOCK_TIMEOUT_S: Final = 900.0
 
 # ---- weights ---------------------------------------------------------------------------------
 
+#: One weight update of an engine, any transport (a caller may give its own: rl-core does).
+WEIGHT_UPDATE_TIMEOUT_S: Final = 1800.0
 #: How long the members of a weight-broadcast group (trainer rank 0 and the engines) wait for
-#: each other: the group's store and its collectives. rl-core's calls that form and use the
-#: group have longer deadlines, so this one's error arrives first.
+#: each other: the group's store and its collectives. The calls that form and use the group
+#: have longer deadlines (:data:`WEIGHT_UPDATE_TIMEOUT_S`, rl-core's), so this one's error
+#: arrives first.
 WEIGHT_GROUP_TIMEOUT_S: Final = 600.0
 
 # ---- the Serve deployment (the ingress replica) -----------------------------------------------

@@ -23,17 +23,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
-
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engine_refs import EngineRef
+from genrm_serve.engines.actor import EngineActor, EngineGoneError
 from genrm_serve.engines.base import (
     EngineAsleepError,
     EngineOutput,
     EngineRequest,
     PromptTooLongError,
     RequestRefusedError,
+    engine_id_for,
 )
 from genrm_serve.errors import ServiceError
 
@@ -47,7 +46,8 @@ logger = logging.getLogger(__name__)
 #: the engine refuses, out of memory at load): it is not re-created again.
 SlotState = Literal["pending", "starting", "healthy", "unhealthy", "dead", "failed"]
 
-_ACTOR_GONE = (RayActorError, ActorUnavailableError)
+#: What the router asks of an engine: one request, or a batch (each entry its own answer).
+_Method = Literal["generate", "generate_many"]
 
 
 def error_message(err: BaseException) -> str:
@@ -75,15 +75,6 @@ def _failed_alone(entry: Any) -> bool:
     )
 
 
-def _cancel(ref: Any) -> None:
-    if ref is None:
-        return
-    try:
-        ray.cancel(ref)
-    except Exception:  # already finished, or the actor is gone
-        logger.debug("could not cancel an engine call", exc_info=True)
-
-
 @dataclass
 class EngineSlot:
     """The service's view of one engine actor."""
@@ -105,10 +96,18 @@ class EngineSlot:
     #: Has been healthy once: a later outage is a restart, which requests wait out.
     served: bool = False
     job: asyncio.Task[None] | None = field(default=None, repr=False)
+    _actor: EngineActor | None = field(default=None, repr=False)
 
     @property
     def engine_id(self) -> str:
-        return f"{self.route_key}/{self.index}"
+        return engine_id_for(self.route_key, self.index)
+
+    @property
+    def actor(self) -> EngineActor:
+        """Every call to this slot's engine actor goes through it (one per actor handle)."""
+        if self._actor is None or self._actor.handle is not self.handle:
+            self._actor = EngineActor(self.handle, self.engine_id)
+        return self._actor
 
     @property
     def healthy(self) -> bool:
@@ -351,28 +350,30 @@ class InstanceRouter:
 
     # ---- calls -----------------------------------------------------------------------------
 
-    async def _call(self, slot: EngineSlot, method: str, payload: Any, **kwargs: Any) -> Any:
+    async def _call(self, slot: EngineSlot, method: _Method, payload: Any) -> Any:
+        """``generate`` (one request) or ``generate_many`` (a batch, each entry its output or
+        its own error) on ``slot``'s engine. The actor cancels the call on the engine when its
+        caller goes away (free the engine's slot for someone else) or runs out of time."""
         start = time.monotonic()
-        ref: Any = None
         try:
-            ref = getattr(slot.handle, method).remote(payload, **kwargs)
-            result = await asyncio.wait_for(ref, self.request_timeout_s)
-            if kwargs.get("return_exceptions") and _engine_failed(result):
-                raise result[0]  # every request failed, none for its own sake: the engine did
-        except asyncio.CancelledError:
-            _cancel(ref)  # the caller went away: free the engine's slot for someone else
-            raise
+            if method == "generate":
+                result: Any = await slot.actor.generate(payload, timeout_s=self.request_timeout_s)
+            else:
+                result = await slot.actor.generate_many(
+                    payload, return_exceptions=True, timeout_s=self.request_timeout_s
+                )
+                if _engine_failed(result):
+                    raise result[0]  # every request failed, none for its own sake: the engine did
         except RequestRefusedError as err:
             raise self._item_error(err) from err
         except TimeoutError as err:
-            _cancel(ref)
             raise ServiceError(
                 "timeout",
                 f"route_key={self.route_key}: engine {slot.engine_id} did not answer within "
                 f"request_timeout_s={self.request_timeout_s}",
                 route_key=self.route_key,
             ) from err
-        except _ACTOR_GONE as err:
+        except EngineGoneError as err:
             self.engine_gone(slot, err)
             raise _EngineFailure(slot, err) from err
         except EngineAsleepError as err:
@@ -386,26 +387,25 @@ class InstanceRouter:
     async def _with_retry(
         self,
         n: int,
-        method: str,
+        method: _Method,
         payload: Any,
         *,
         send: Callable[[EngineSlot], Awaitable[Any]] | None = None,
-        **kwargs: Any,
     ) -> tuple[Any, EngineSlot]:
         """``method(payload)`` on the least-loaded engine (through ``send`` when given), and once
         on another engine if that one failed."""
         slot = await self.acquire(n)
         try:
-            call = send(slot) if send else self._call(slot, method, payload, **kwargs)
+            call = send(slot) if send else self._call(slot, method, payload)
             return await call, slot
         except _EngineFailure as first:
             failure = first
         finally:
             self.release(slot, n)
-        return await self._elsewhere(failure, n, method, payload, **kwargs)
+        return await self._elsewhere(failure, n, method, payload)
 
     async def _elsewhere(
-        self, failure: _EngineFailure, n: int, method: str, payload: Any, **kwargs: Any
+        self, failure: _EngineFailure, n: int, method: _Method, payload: Any
     ) -> tuple[Any, EngineSlot]:
         """The one retry: on another engine than the one that failed — or on the same one once
         it is re-created (a new actor), when it died."""
@@ -420,7 +420,7 @@ class InstanceRouter:
                 self.route_key, f"{failure}; no other healthy engine to retry on"
             ) from err
         try:
-            return await self._call(retry, method, payload, **kwargs), retry
+            return await self._call(retry, method, payload), retry
         except _EngineFailure as second:
             if failure.asleep and second.asleep:
                 raise ServiceError.asleep(self.route_key) from second
@@ -471,7 +471,7 @@ class InstanceRouter:
     ) -> None:
         requests = [request for request, _ in singles]
         try:
-            outs = await self._call(slot, "generate_many", requests, return_exceptions=True)
+            outs = await self._call(slot, "generate_many", requests)
         except asyncio.CancelledError:  # every caller went away, or the ingress stops
             for _, future in singles:
                 future.cancel()
@@ -504,9 +504,7 @@ class InstanceRouter:
             chunk: list[EngineRequest],
         ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
             try:
-                outs, slot = await self._with_retry(
-                    len(chunk), "generate_many", chunk, return_exceptions=True
-                )
+                outs, slot = await self._with_retry(len(chunk), "generate_many", chunk)
             except ServiceError as err:
                 return [err] * len(chunk)
             results = self._entries(outs, slot, retried=False)
@@ -529,7 +527,6 @@ class InstanceRouter:
                 len(requests),
                 "generate_many",
                 requests,
-                return_exceptions=True,
             )
         except ServiceError as err:
             return [err] * len(requests)
@@ -576,14 +573,17 @@ class InstanceRouter:
         self.asleep = False
         self._dispatch()
 
-    async def _on_engines(self, method: str, timeout_s: float) -> None:
+    async def _on_engines(self, method: Literal["sleep", "wake"], timeout_s: float) -> None:
         slots = [s for s in self.slots if s.handle is not None and s.state == "healthy"]
 
         async def one(slot: EngineSlot) -> str | None:
             try:
-                await asyncio.wait_for(getattr(slot.handle, method).remote(), timeout_s)
+                if method == "sleep":
+                    await slot.actor.sleep(timeout_s=timeout_s)
+                else:
+                    await slot.actor.wake(timeout_s=timeout_s)
             except Exception as err:
-                if isinstance(err, _ACTOR_GONE):
+                if isinstance(err, EngineGoneError):
                     self.engine_gone(slot, err)
                 return f"{slot.engine_id}: {error_message(err)}"
             return None

@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
 
 from genrm_serve.config import InstanceSpec
+from genrm_serve.engines.actor import EngineGoneError
 from genrm_serve.router import EngineSlot, InstanceRouter, error_message
 from genrm_serve.serve_args import ServeArgs
 
@@ -32,8 +32,6 @@ logger = logging.getLogger(__name__)
 
 #: Creates the actor of one slot; returns its handle (``create_engine_worker`` by default).
 EngineFactory = Callable[[InstanceSpec, EngineSlot], Any]
-
-_ACTOR_GONE = (RayActorError, ActorUnavailableError)
 
 
 def default_engine_factory(spec: InstanceSpec, slot: EngineSlot) -> Any:
@@ -185,10 +183,10 @@ class EngineSupervisor:
     async def _start(self, router: InstanceRouter, slot: EngineSlot) -> None:
         router.set_state(slot, "starting", "loading the model")
         try:
-            await asyncio.wait_for(slot.handle.start.remote(), self.args.engine_start_timeout_s)
+            await slot.actor.start(timeout_s=self.args.engine_start_timeout_s)
             if router.asleep and not slot.ref.reattach:  # its creator's call, not a follower's
-                await asyncio.wait_for(slot.handle.sleep.remote(), self.args.sleep_timeout_s)
-            await asyncio.wait_for(slot.handle.check_health.remote(), self.args.probe_timeout_s)
+                await slot.actor.sleep(timeout_s=self.args.sleep_timeout_s)
+            await slot.actor.check_health(timeout_s=self.args.probe_timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -202,12 +200,10 @@ class EngineSupervisor:
 
     async def _probe(self, router: InstanceRouter, slot: EngineSlot) -> None:
         try:
-            asleep = await asyncio.wait_for(
-                slot.handle.check_health.remote(), self.args.probe_timeout_s
-            )
+            asleep = await slot.actor.check_health(timeout_s=self.args.probe_timeout_s)
         except asyncio.CancelledError:
             raise
-        except _ACTOR_GONE as err:
+        except EngineGoneError as err:
             if slot.ref.recreatable or slot.ref.reattach:
                 self._failed(router, slot, f"actor died: {error_message(err)}")
             else:
@@ -231,12 +227,12 @@ class EngineSupervisor:
             return
         slot.failures_in_row = 0
         router.set_state(slot, "healthy", None)
-        router.engine_reports(slot, asleep=bool(asleep))
+        router.engine_reports(slot, asleep=asleep)
 
     async def _not_started(self, slot: EngineSlot) -> bool:
         """Whether the actor is up but fresh (Ray restarted it faster than a probe period)."""
         try:
-            info = await asyncio.wait_for(slot.handle.info.remote(), self.args.probe_timeout_s)
+            info = await slot.actor.info(timeout_s=self.args.probe_timeout_s)
         except Exception:
             return False
-        return isinstance(info, dict) and info.get("state") == "created"
+        return info.get("state") == "created"

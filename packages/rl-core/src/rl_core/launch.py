@@ -30,6 +30,7 @@ from transformers import AutoTokenizer
 from genrm_client import close_genrm_clients
 from genrm_serve import (
     CapacityError,
+    EngineActor,
     EngineConfig,
     EnginePlacement,
     EngineRef,
@@ -40,6 +41,7 @@ from genrm_serve import (
     build_app,
     check_fits,
     deploy,
+    engine_id_for,
     resolve_model_path,
     shutdown_serve,
     start_proxy,
@@ -48,7 +50,7 @@ from genrm_serve import (
 from rl_core.config import GENERATED_DATA, TrainConfig
 from rl_core.data import PromptDataset, load_prompt_data, make_easy_math, write_prompt_data
 from rl_core.distributed import ForwardGroup, TrainGroup
-from rl_core.engines import RayEngineHandle
+from rl_core.engines import engine_actor
 from rl_core.layout import read_layout, write_layout
 from rl_core.limits import (
     ENGINE_PROBE_TIMEOUT_S,
@@ -300,20 +302,19 @@ async def _together(
 
 async def start_rollout_engines(
     realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str
-) -> list[RayEngineHandle]:
+) -> list[EngineActor]:
     """One engine actor per rollout engine of the plan, in its bundles, started concurrently."""
-    actors = create_engine_workers(realized, "rollout", spec, name_prefix=name_prefix)
+    handles = create_engine_workers(realized, "rollout", spec, name_prefix=name_prefix)
+    engines = [engine_actor(h, f"rollout-{i}") for i, h in enumerate(handles)]
     try:
-        await asyncio.gather(
-            *(asyncio.wait_for(a.start.remote(), ENGINE_START_TIMEOUT_S) for a in actors)
-        )
+        await asyncio.gather(*(e.start(timeout_s=ENGINE_START_TIMEOUT_S) for e in engines))
     except Exception as err:  # the engine's own error, in one line, not Ray's remote traceback
         cause = getattr(err, "cause", None) or err
         first = (str(cause).strip().splitlines() or [""])[0]
         raise EngineStartError(
             f"a rollout engine ({spec.model_path}) did not start: {type(cause).__name__}: {first}"
         ) from err
-    return [RayEngineHandle(a, f"rollout-{i}") for i, a in enumerate(actors)]
+    return engines
 
 
 async def start_judge_service(
@@ -461,7 +462,7 @@ async def run_training(
             started = await _one_after_another(steps, startup)
         else:
             started = await _together(steps, startup)
-        engines: list[RayEngineHandle] = started["rollout_engines"]
+        engines: list[EngineActor] = started["rollout_engines"]
 
         participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
         judge_actors: dict[str, list[Any]] = {}
@@ -500,9 +501,12 @@ async def run_training(
         await weight_sync.setup()
         startup["weight_sync_setup"] = time.perf_counter() - t0
         console.print(f"[bold]weight sync[/]: {sync_path}")
-        engine_actors = [e.actor for e in engines] + [a for v in judge_actors.values() for a in v]
+        judge_engines = {
+            key: [engine_actor(a, engine_id_for(key, i)) for i, a in enumerate(actors)]
+            for key, actors in judge_actors.items()
+        }
 
-        layout = await read_layout(realized, groups, engines, judge_actors)
+        layout = await read_layout(realized, groups, engines, judge_engines)
         await asyncio.to_thread(write_layout, run_dir, layout)
 
         trainer = GRPOTrainer(
@@ -522,7 +526,11 @@ async def run_training(
             metrics=MetricsWriter(run_dir),
             clock=PhaseClock(console),
             weight_sync=weight_sync,
-            memory_probe=GpuMemoryProbe(learner, engine_actors) if use_gpus else None,
+            memory_probe=GpuMemoryProbe(
+                learner, engines + [e for v in judge_engines.values() for e in v]
+            )
+            if use_gpus
+            else None,
             stop=stop,
         )
         if stop is not None:
@@ -573,15 +581,14 @@ class GpuMemoryProbe:
     ``n<k>.`` for node ``k`` when the run spans nodes); GPUs without a CUDA reader are absent
     (``--device cpu``)."""
 
-    def __init__(self, learner: Any, engine_actors: list[Any]) -> None:
-        self.learner, self.engine_actors = learner, engine_actors
+    def __init__(self, learner: Any, engines: list[EngineActor]) -> None:
+        self.learner, self.engines = learner, engines
         self._engine_gpus: list[tuple[str, str]] | None = None
 
     async def _engines_where(self) -> list[tuple[str, str]]:
         if self._engine_gpus is None:
-            infos = await asyncio.wait_for(
-                asyncio.gather(*(a.info.remote() for a in self.engine_actors)),
-                ENGINE_PROBE_TIMEOUT_S,
+            infos = await asyncio.gather(
+                *(e.info(timeout_s=ENGINE_PROBE_TIMEOUT_S) for e in self.engines)
             )
             self._engine_gpus = [
                 (str(i.get("node_id")), str((i.get("gpu_ids") or ["?"])[0])) for i in infos
@@ -592,10 +599,7 @@ class GpuMemoryProbe:
         ranks, where, stats = await asyncio.gather(
             self.learner.memory(),
             self._engines_where(),
-            asyncio.wait_for(
-                asyncio.gather(*(a.stats.remote() for a in self.engine_actors)),
-                ENGINE_PROBE_TIMEOUT_S,
-            ),
+            asyncio.gather(*(e.stats(timeout_s=ENGINE_PROBE_TIMEOUT_S) for e in self.engines)),
         )
         readings: dict[tuple[str, str], float] = {}
         for r in ranks:

@@ -12,11 +12,12 @@ import asyncio
 import json
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from genrm_serve import EngineActor
 from rl_core.limits import ENGINE_PROBE_TIMEOUT_S
 from rl_core.participants import judge_id
 from rl_core.placement.realize import RealizedPlacement
@@ -120,36 +121,35 @@ def _bundle_requests(required: Mapping[str, float]) -> dict[str, tuple[int | Non
 async def read_layout(
     realized: RealizedPlacement,
     trainer_groups: Mapping[str, Any],
-    rollout_engines: Sequence[Any],
-    judge_actors: Mapping[str, Sequence[Any]],
+    rollout_engines: Sequence[EngineActor],
+    judge_engines: Mapping[str, Sequence[EngineActor]],
 ) -> dict[str, Any]:
     """Every actor of the plan: the plan's entry, the actor's own report (its runtime context:
     node, placement group, assigned resources, GPU ids) and Ray's state API record."""
     from ray.util.placement_group import placement_group_table
 
     plan = realized.plan
-    entries: list[tuple[Any, dict[str, Any], Any]] = []  # (handle, plan entry, report future)
+    # (actor handle, plan entry, its report): every question has its deadline (the trainer
+    # group's where, the engine actor's info)
+    entries: list[tuple[Any, dict[str, Any], Awaitable[Any]]] = []
     for role, group in trainer_groups.items():
         rp = plan.roles[role]
+        wheres = asyncio.ensure_future(group.where())
         for rank, worker in enumerate(group.workers):
             entry = _plan_entry(realized, role, rank, rp.group, rp.bundles[rank], rp.gpu_fraction)
-            entries.append((worker, entry, worker.where.remote()))
+            entries.append((worker, entry, _nth(wheres, rank)))
     engines = [
-        ("rollout", e.actor, p)
-        for e, p in zip(rollout_engines, plan.engines_of("rollout"), strict=True)
+        ("rollout", e, p) for e, p in zip(rollout_engines, plan.engines_of("rollout"), strict=True)
     ]
-    for key, actors in judge_actors.items():
+    for key, judges in judge_engines.items():
         engines += [
-            (judge_id(key), a, p)
-            for a, p in zip(actors, plan.engines_of("genrm", key), strict=True)
+            (judge_id(key), e, p)
+            for e, p in zip(judges, plan.engines_of("genrm", key), strict=True)
         ]
-    for role, actor, p in engines:
+    for role, engine, p in engines:
         entry = _plan_entry(realized, role, p.index, p.group, p.bundles[0], p.gpu_fraction)
-        entries.append((actor, entry, actor.info.remote()))
-    # questions only (where each actor runs): the probe deadline, for all of them at once
-    reports = await asyncio.wait_for(
-        asyncio.gather(*(f for _, _, f in entries)), ENGINE_PROBE_TIMEOUT_S
-    )
+        entries.append((engine.handle, entry, engine.info(timeout_s=ENGINE_PROBE_TIMEOUT_S)))
+    reports = await asyncio.gather(*(f for _, _, f in entries))
     view = await asyncio.to_thread(read_state_api)
     state = view.actors if view is not None else None
     actors = []
@@ -195,6 +195,10 @@ async def read_layout(
         "actors": actors,
         "pending_actors": view.pending if view is not None else [],
     }
+
+
+async def _nth(answers: Awaitable[list[Any]], n: int) -> Any:
+    return (await answers)[n]
 
 
 def write_layout(run_dir: Path, layout: dict[str, Any]) -> Path:

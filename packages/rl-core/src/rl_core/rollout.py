@@ -166,7 +166,7 @@ async def generate_groups(
                     request_id=f"g{s.group_id}-s{s.index}",
                 )
             )
-        outputs = await engines[gi % len(engines)].generate(requests)
+        outputs = await engines[gi % len(engines)].generate_many(requests)
         if len(outputs) != len(requests):
             raise RolloutError(f"engine returned {len(outputs)} outputs for {len(requests)}")
         for s, out in zip(group, outputs, strict=True):

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 from genrm_serve import DEFAULT_BUCKET_BYTES
-from rl_core.engines import EngineHandle
+from rl_core.engines import EngineHandle, check_version, sync_weights
 
 SyncPath = Literal["ipc", "broadcast", "object_store"]
 
@@ -74,7 +74,7 @@ class ObjectStoreSync:
 
     async def sync(self, version: int) -> None:
         weights = await self.learner.export_weights()
-        await asyncio.gather(*(e.sync_weights(weights, version) for e in self.engines))
+        await asyncio.gather(*(sync_weights(e, weights, version) for e in self.engines))
 
 
 class IpcSync:
@@ -125,7 +125,7 @@ class IpcSync:
                 )
         finally:
             await self.learner.release_ipc(serving)
-        await asyncio.gather(*(e.check_version(version) for e in self.engines))
+        await asyncio.gather(*(check_version(e, version) for e in self.engines))
         self.last = {"buckets": float(len(buckets)), "seconds": time.perf_counter() - t0}
 
 
@@ -169,7 +169,7 @@ class BroadcastSync:
             self.learner.broadcast_weights(),
             *(e.update_weights_from_broadcast(buckets, version) for e in self.engines),
         )
-        await asyncio.gather(*(e.check_version(version) for e in self.engines))
+        await asyncio.gather(*(check_version(e, version) for e in self.engines))
 
 
 def make_weight_sync(

@@ -24,9 +24,16 @@ __all__ = [
     "EngineState",
     "PromptTooLongError",
     "RequestRefusedError",
+    "engine_id_for",
 ]
 
 EngineState = Literal["created", "loading", "awake", "asleep", "failed", "stopped"]
+
+
+def engine_id_for(route_key: str, engine_index: int) -> str:
+    """The id engine ``engine_index`` of instance ``route_key`` reports: ``<route_key>/<index>``
+    (the service's slots name it the same way)."""
+    return f"{route_key}/{engine_index}"
 
 
 class EngineError(RuntimeError):
@@ -118,7 +125,13 @@ class EngineOutput:
 
 
 class Engine(abc.ABC):
-    """A model that turns batches of requests into outputs, and can free / restore its memory."""
+    """A model that turns batches of requests into outputs, and can free / restore its memory.
+
+    The whole engine API: lifecycle (``start``, ``sleep``, ``wake``, ``shutdown``), requests
+    (``generate``), health and counters, and the weight transports of a rollout engine
+    (``update_weights`` through the object store; ``update_weights_from_ipc`` and the broadcast
+    pair on GPUs). An engine without a transport keeps its default, which refuses.
+    """
 
     #: The engine schedules requests itself (continuous batching: SGLang): its worker hands it
     #: every batch as it forms, without waiting for the one before to finish. An engine that
@@ -168,6 +181,29 @@ class Engine(abc.ABC):
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load new policy weights (rollout engines); ``version`` must increase."""
         raise NotImplementedError(f"{type(self).__name__} does not accept weight updates")
+
+    def _no_transport(self, name: str) -> EngineError:
+        return EngineError(
+            f"engine {self.engine_id} ({type(self).__name__}) has no {name}: "
+            "use the object-store path (update_weights)"
+        )
+
+    async def update_weights_from_ipc(
+        self, buckets: list[tuple[Any, Any]], version: int, done: bool = True
+    ) -> None:
+        """Flat weight buckets shared through CUDA IPC by a trainer on this GPU (a sync may come
+        in several calls; the weight version moves to ``version`` with the one marked ``done``)."""
+        raise self._no_transport("update_weights_from_ipc")
+
+    async def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str = "nccl"
+    ) -> None:
+        """Join the weight-broadcast group of trainer rank 0 (rank 0) and the engines."""
+        raise self._no_transport("init_weight_group")
+
+    async def update_weights_from_broadcast(self, buckets: list[Any], version: int) -> None:
+        """Receive every bucket of a sync from the weight group, then serve ``version``."""
+        raise self._no_transport("update_weights_from_broadcast")
 
     async def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release everything; the default does nothing."""

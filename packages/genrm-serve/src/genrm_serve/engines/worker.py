@@ -35,6 +35,7 @@ from genrm_serve.engines.base import (
     EngineOutput,
     EngineRequest,
     RequestRefusedError,
+    engine_id_for,
 )
 
 __all__ = [
@@ -58,11 +59,6 @@ DEFAULT_DRAIN_TIMEOUT_S = limits.DRAIN_TIMEOUT_S
 DEFAULT_HEALTH_TIMEOUT_S = limits.PROBE_TIMEOUT_S
 #: Logical CPUs an engine actor asks Ray for (the 2-core CI machine hosts several).
 DEFAULT_WORKER_NUM_CPUS = 0.1
-
-
-def engine_id_for(spec: InstanceSpec, engine_index: int) -> str:
-    """The id an engine reports: ``<route_key>/<index>``."""
-    return f"{spec.route_key}/{engine_index}"
 
 
 @dataclass
@@ -96,7 +92,7 @@ class EngineWorker:
         self.spec = spec
         self.engine_index = engine_index
         self.engine_id = (
-            engine.engine_id if engine is not None else engine_id_for(spec, engine_index)
+            engine.engine_id if engine is not None else engine_id_for(spec.route_key, engine_index)
         )
         self.engine = engine
         # The batcher's waits (seconds): the instance's engine_config unless given here; a wait
@@ -206,7 +202,7 @@ class EngineWorker:
         assert self._lock is not None
         async with self._lock:
             await self._quiesce()
-            await self._weights_method(engine, "update_weights_from_ipc")(buckets, version, done)
+            await engine.update_weights_from_ipc(buckets, version, done)
         return engine.weight_version
 
     async def init_weight_group(
@@ -214,9 +210,7 @@ class EngineWorker:
     ) -> None:
         """Join the weight-broadcast group of trainer rank 0 and the engines (other GPUs)."""
         engine = self._engine()
-        await self._weights_method(engine, "init_weight_group")(
-            host, port, rank, world_size, backend
-        )
+        await engine.init_weight_group(host, port, rank, world_size, backend)
 
     async def update_weights_from_broadcast(self, buckets: list[Any], version: int) -> int:
         """Receive a sync's buckets from the weight group; returns the new ``weight_version``."""
@@ -224,17 +218,8 @@ class EngineWorker:
         assert self._lock is not None
         async with self._lock:
             await self._quiesce()
-            await self._weights_method(engine, "update_weights_from_broadcast")(buckets, version)
+            await engine.update_weights_from_broadcast(buckets, version)
         return engine.weight_version
-
-    def _weights_method(self, engine: Engine, name: str) -> Any:
-        method = getattr(engine, name, None)
-        if method is None:
-            raise EngineError(
-                f"engine {self.engine_id} ({type(engine).__name__}) has no {name}: "
-                "use the object-store path (update_weights)"
-            )
-        return method
 
     async def check_health(self) -> bool:
         """Raise if this engine cannot serve (asleep counts as healthy: it can be woken); else
