@@ -76,7 +76,12 @@ def test_preset_and_config_file_and_cli_priority(tmp_path):
         pytest.param(["--eps-clip-high", "0.1"], "eps-clip-high", id="eps-high-below"),
         pytest.param(["--save-interval", "2"], "needs --save", id="save-interval"),
         pytest.param(["--rm-type", "dummy"], "defer-reward-to-post-process", id="dummy-alone"),
-        pytest.param(["--defer-reward-to-post-process"], "rm-type dummy", id="defer-non-dummy"),
+        # the plan refuses it, in the words of the layout (plan and train say the same)
+        pytest.param(
+            ["--defer-reward-to-post-process"],
+            "--defer-reward-to-post-process with colocate",
+            id="defer-non-dummy",
+        ),
         pytest.param(["--genrm-instances", "{bad"], "genrm-instances", id="genrm-json"),
     ],
 )
@@ -95,3 +100,15 @@ def test_unknown_key_in_config_file(tmp_path):
 def test_required_flags():
     with pytest.raises(ConfigError, match="--hf-checkpoint is required"):
         parse_train_args(["--prompt-data", "x", "--rm-type", "math"])
+
+
+def test_the_flags_are_read_not_changed_and_the_judges_built_once():
+    """Without --resource the run gets its mode's smallest layout, and the namespace keeps what
+    the user gave (no --resource, no --colocate): the config, not the flags, holds the default."""
+    from rl_core.config import build_parser, config_from_namespace
+
+    ns = build_parser().parse_args([*BASE, "--genrm-model-path", "judge"])
+    cfg = config_from_namespace(ns)
+    assert ns.resource is None and ns.colocate is False
+    assert cfg.layout.colocate and cfg.layout.resource["genrm"].total == 1
+    assert cfg.genrm_instances == cfg.layout.genrm

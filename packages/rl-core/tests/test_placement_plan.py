@@ -510,6 +510,29 @@ def test_cli_plan_refuses_megatron_sizes_as_train_does(
     assert "ignoring" not in capsys.readouterr().err  # the backend's flags are read, not ignored
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(replace(SPLIT_8, "--rm-type", "dummy"), id="dummy-without-defer"),
+        pytest.param([*ASYNC_8, "--defer-reward-to-post-process"], id="defer-in-fully-async"),
+        pytest.param(
+            [*SPLIT_8[:-1], "dummy", "--defer-reward-to-post-process"], id="defer-with-split"
+        ),
+        pytest.param(replace(SPLIT_8, "--genrm-num-gpus-per-engine", "3"), id="judge-gpus"),
+    ],
+)
+def test_cli_plan_refuses_what_train_refuses_with_its_message(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rl_core.config import ConfigError, parse_train_args
+
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    with pytest.raises(ConfigError) as train:
+        parse_train_args([*argv, "--hf-checkpoint", "m", "--prompt-data", "d.jsonl"])
+    assert f"rl-core plan: error: {train.value}" in err
+
+
 def test_cli_plan_warns_above_0_9(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *replace(SHARED_8, "--sglang-mem-fraction-static", "0.65")]) == 0
     assert "warning: colocate-shared: rollout 0.65 + genrm '__default__' 0.3 = 0.95" in (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -22,7 +22,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from genrm_rewards.args import RewardArgs
-from genrm_serve import GenRMConfigError, InstanceSpec, instances_from_args
+from genrm_serve import InstanceSpec
 from rl_core.backends.base import BackendConfig
 from rl_core.backends.megatron.parallel import (
     MegatronConfig,
@@ -35,7 +35,10 @@ from rl_core.placement import (
     PlacementError,
     PlacementPlan,
     add_placement_args,
+    check_reward_mode,
+    judge_instances,
     layout_request_from_args,
+    parse_resource,
     plan_layout,
 )
 from rl_core.placement.sglang_flags import pop_sglang_overrides
@@ -472,9 +475,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
     if first.config:
         defaults.update(_file_values(first.config, parser))
     parser.set_defaults(**defaults)
-    ns = parser.parse_args(argv)
-    ns.sglang_overrides = overrides
-    return config_from_namespace(ns)
+    return config_from_namespace(parser.parse_args(argv), sglang_overrides=overrides)
 
 
 def build_config(**values: Any) -> TrainConfig:
@@ -508,50 +509,39 @@ def default_resource(ns: argparse.Namespace, judge_gpus: int) -> dict[str, list[
     return resource
 
 
-def _layout(ns: argparse.Namespace, instances: dict[str, InstanceSpec]) -> LayoutRequest:
-    if ns.resource is None:
-        ns.resource = json.dumps(default_resource(ns, sum(s.num_gpus for s in instances.values())))
-        if not ns.fully_async:
-            ns.colocate = True  # the default mode, when nothing was said about placement
-    try:
-        return layout_request_from_args(ns)
-    except PlacementError as err:
-        raise ConfigError(str(err)) from err
+def train_layout(
+    ns: argparse.Namespace, sglang_overrides: Mapping[str, Any] | None = None
+) -> LayoutRequest:
+    """The layout of a run: ``--resource`` parsed once and the judges built once from it; without
+    ``--resource``, the smallest layout of the run's mode (colocate unless ``--fully-async``)."""
+    check_reward_mode(ns.rm_type, ns.defer_reward_to_post_process)
+    resource = parse_resource(ns.resource) if ns.resource is not None else None
+    judges = judge_instances(ns, resource)
+    colocate = ns.colocate
+    if resource is None:
+        resource = parse_resource(default_resource(ns, sum(s.num_gpus for s in judges.values())))
+        colocate = colocate or not ns.fully_async  # the default mode, when nothing was said
+    return layout_request_from_args(
+        ns, resource=resource, genrm=judges, colocate=colocate, sglang_overrides=sglang_overrides
+    )
 
 
-def _check_reward_mode(ns: argparse.Namespace) -> None:
-    """The reward-mode flags, checked before the layout (whose errors would hide these)."""
-    defer, rm_type = ns.defer_reward_to_post_process, ns.rm_type
-    if defer and rm_type not in (None, "dummy"):
-        raise ConfigError(
-            f"--defer-reward-to-post-process needs --rm-type dummy (got {rm_type!r}): "
-            "the inline reward is a placeholder, the batch is scored after rollout"
-        )
-    if rm_type is None and ns.custom_rm_path is None:
-        raise ConfigError("set --rm-type (e.g. dapo-genrm, math, dummy) or --custom-rm-path")
-    if rm_type == "dummy" and not defer:
-        raise ConfigError(
-            "--rm-type dummy gives every sample a deferred placeholder; it needs "
-            "--defer-reward-to-post-process (otherwise nothing would ever score the batch)"
-        )
-
-
-def config_from_namespace(ns: argparse.Namespace) -> TrainConfig:
+def config_from_namespace(
+    ns: argparse.Namespace, *, sglang_overrides: Mapping[str, Any] | None = None
+) -> TrainConfig:
+    """The validated config of parsed flags (``ns`` is read, never changed), plan included."""
     for flag in ("hf_checkpoint", "prompt_data"):
         if getattr(ns, flag) is None:
             raise ConfigError(f"--{flag.replace('_', '-')} is required (or use --preset cpu-demo)")
-    _check_reward_mode(ns)
+    if ns.rm_type is None and ns.custom_rm_path is None:
+        raise ConfigError("set --rm-type (e.g. dapo-genrm, math, dummy) or --custom-rm-path")
     try:
-        instances = _instances(ns) if _genrm_given(ns) else {}
-    except GenRMConfigError as err:
-        raise ConfigError(str(err)) from err
-    layout = _layout(ns, instances)
-    try:
+        layout = train_layout(ns, sglang_overrides)
         plan = plan_layout(layout)
     except PlacementError as err:
         raise ConfigError(str(err)) from err
     values = {k: v for k, v in vars(ns).items() if k in TrainConfig.model_fields}
-    values.update(genrm_instances=instances, layout=layout, plan=plan)
+    values.update(genrm_instances=dict(layout.genrm), layout=layout, plan=plan)
     if ns.train_backend == "megatron":
         values["megatron"] = _megatron(ns, plan)
     try:
@@ -584,20 +574,3 @@ def _megatron(ns: argparse.Namespace, plan: PlacementPlan) -> MegatronConfig:
     except ParallelConfigError as err:
         raise ConfigError(str(err)) from err
     return parallel
-
-
-def _instances(ns: argparse.Namespace) -> dict[str, InstanceSpec]:
-    num_gpus = ns.genrm_num_gpus
-    if num_gpus is None:  # placement's default: the genrm entry of --resource, else 1
-        try:
-            resource = json.loads(ns.resource) if isinstance(ns.resource, str) else ns.resource
-        except json.JSONDecodeError:
-            resource = None  # reported by the layout, with the position, as a --resource error
-        genrm = (resource or {}).get("genrm") if isinstance(resource, dict) else None
-        num_gpus = genrm[0] * genrm[1] if isinstance(genrm, list) and len(genrm) == 2 else 1
-        num_gpus = num_gpus if isinstance(num_gpus, int) and num_gpus > 0 else 1
-    return instances_from_args(ns, num_gpus=num_gpus)
-
-
-def _genrm_given(ns: argparse.Namespace) -> bool:
-    return bool(ns.genrm_model_path or ns.genrm_instances)

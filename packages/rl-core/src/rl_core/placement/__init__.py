@@ -6,6 +6,8 @@ without Ray; ``realize.create_placement_groups`` then puts the plan on a Ray clu
 
 from rl_core.placement.args import (
     add_placement_args,
+    check_reward_mode,
+    judge_instances,
     layout_request_from_args,
     parse_resource,
     plan_from_args,
@@ -40,6 +42,8 @@ __all__ = [
     "RolePlacement",
     "RoleResource",
     "add_placement_args",
+    "check_reward_mode",
+    "judge_instances",
     "layout_request_from_args",
     "parse_resource",
     "plan_from_args",

@@ -27,6 +27,9 @@ from rl_core.placement.sglang_flags import rollout_server_args
 
 __all__ = [
     "add_placement_args",
+    "check_reward_mode",
+    "judge_instances",
+    "judge_num_gpus",
     "layout_request_from_args",
     "parse_resource",
     "plan_from_args",
@@ -177,22 +180,54 @@ def parse_resource(value: str | Mapping[str, Any] | None) -> dict[str, RoleResou
     return out
 
 
-def _instances(
-    args: argparse.Namespace, resource: Mapping[str, RoleResource]
+def judge_num_gpus(resource: Mapping[str, RoleResource] | None) -> int:
+    """A legacy judge's GPUs when ``--genrm-num-gpus`` is not given: the ``genrm`` entry of
+    ``--resource`` (groups × GPUs), else 1. The one rule, for ``plan`` and ``train``."""
+    genrm = (resource or {}).get("genrm")
+    return genrm.total if genrm is not None and genrm.total > 0 else 1
+
+
+def judge_instances(
+    args: argparse.Namespace, resource: Mapping[str, RoleResource] | None
 ) -> dict[str, InstanceSpec]:
+    """The judges the ``--genrm-*`` flags name (none without ``--genrm-model-path`` or
+    ``--genrm-instances``), built once from the parsed ``--resource``."""
     num_gpus = getattr(args, "genrm_num_gpus", None)
     if num_gpus is None:
-        genrm = resource.get("genrm")
-        num_gpus = genrm.total if genrm is not None and genrm.total > 0 else 1
+        num_gpus = judge_num_gpus(resource)
     try:
         return instances_from_args(args, num_gpus=num_gpus)
     except GenRMConfigError as err:
         raise PlacementError(str(err)) from err
 
 
-def layout_request_from_args(args: argparse.Namespace) -> LayoutRequest:
-    """Collect the flags of :func:`add_placement_args` into a :class:`LayoutRequest`."""
-    resource = parse_resource(args.resource)
+def check_reward_mode(rm_type: str | None, defer: bool) -> None:
+    """``--rm-type dummy`` without ``--defer-reward-to-post-process``: refused before the layout,
+    which would accept it (a deferred reward with nothing to score it). Defer with another
+    ``--rm-type`` is the plan's to refuse, in the words of the layout at hand."""
+    if rm_type == "dummy" and not defer:
+        raise PlacementError(
+            "--rm-type dummy gives every sample a deferred placeholder; it needs "
+            "--defer-reward-to-post-process (otherwise nothing would ever score the batch)"
+        )
+
+
+def layout_request_from_args(
+    args: argparse.Namespace,
+    *,
+    resource: Mapping[str, RoleResource] | None = None,
+    genrm: Mapping[str, InstanceSpec] | None = None,
+    colocate: bool | None = None,
+    sglang_overrides: Mapping[str, Any] | None = None,
+) -> LayoutRequest:
+    """Collect the flags of :func:`add_placement_args` into a :class:`LayoutRequest`.
+
+    What the caller has already parsed or decided is passed in and not read from the flags
+    again: ``resource`` (``--resource``), ``genrm`` (the judges), ``colocate`` (the mode when no
+    mode flag was given), ``sglang_overrides`` (``--sglang-KEY VALUE``).
+    """
+    check_reward_mode(args.rm_type, args.defer_reward_to_post_process)
+    resource = parse_resource(args.resource) if resource is None else resource
     post = args.custom_reward_post_process_path
     if post and args.builtin_reward_post_process:
         raise PlacementError(
@@ -215,16 +250,16 @@ def layout_request_from_args(args: argparse.Namespace) -> LayoutRequest:
         )
     return LayoutRequest(
         rollout_server_args=rollout_server_args(
-            args.sglang_config, getattr(args, "sglang_overrides", None)
+            args.sglang_config, dict(sglang_overrides) if sglang_overrides else None
         ),
-        resource=resource,
-        colocate=args.colocate,
+        resource=dict(resource),
+        colocate=args.colocate if colocate is None else colocate,
         fully_async=args.fully_async,
         rollout_num_gpus=args.rollout_num_gpus,
         rollout_num_gpus_per_engine=args.rollout_num_gpus_per_engine,
         rollout_engine=getattr(args, "rollout_engine", _default("rollout_engine")),
         rollout_mem_fraction_static=frac,
-        genrm=_instances(args, resource),
+        genrm=judge_instances(args, resource) if genrm is None else dict(genrm),
         rm_type=args.rm_type,
         defer_reward_to_post_process=args.defer_reward_to_post_process,
         reward_post_process=post,
@@ -232,6 +267,8 @@ def layout_request_from_args(args: argparse.Namespace) -> LayoutRequest:
     )
 
 
-def plan_from_args(args: argparse.Namespace) -> PlacementPlan:
+def plan_from_args(
+    args: argparse.Namespace, *, sglang_overrides: Mapping[str, Any] | None = None
+) -> PlacementPlan:
     """The plan for parsed flags (:func:`add_placement_args`); raises PlacementError."""
-    return plan_layout(layout_request_from_args(args))
+    return plan_layout(layout_request_from_args(args, sglang_overrides=sglang_overrides))

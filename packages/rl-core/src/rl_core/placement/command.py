@@ -30,9 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:  # what the parser left over: a --sglang-* flag there is an SGLang server argument
-        unknown, args.sglang_overrides = pop_sglang_overrides(
-            getattr(args, "unknown_flags", []), known=()
-        )
+        unknown, overrides = pop_sglang_overrides(getattr(args, "unknown_flags", []), known=())
     except PlacementError as err:
         print(f"rl-core plan: error: {err}", file=sys.stderr)
         return 2
@@ -43,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        plan = plan_from_args(args)
+        plan = plan_from_args(args, sglang_overrides=overrides)
     except PlacementError as err:
         print(f"rl-core plan: error: {err}", file=sys.stderr)
         return 2
