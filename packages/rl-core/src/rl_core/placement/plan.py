@@ -34,6 +34,7 @@ engines are one process and never span nodes.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -598,8 +599,8 @@ def _phases(
     )
 
 
-def plan_layout(req: LayoutRequest) -> PlacementPlan:
-    """Decide the mode and every role's and engine's bundles; raise PlacementError if invalid."""
+def _check_request(req: LayoutRequest) -> tuple[int, int, int]:
+    """The checks that need no mode; the actor's, rollout's and judges' GPU counts."""
     if req.colocate == req.fully_async:
         raise PlacementError(
             "choose exactly one of --colocate (all roles in one placement group, the actor takes "
@@ -607,11 +608,9 @@ def plan_layout(req: LayoutRequest) -> PlacementPlan:
             + (" — both were given" if req.colocate else "")
         )
     _check_resource(req)
-    actor_res = req.resource["actor"]
-    actor = actor_res.total
+    actor = req.resource["actor"].total
     rollout = _resolve_rollout(req, actor)
     genrm = _resolve_genrm(req)
-    gpn = req.num_gpus_per_node
     per_engine = req.rollout_num_gpus_per_engine
     if rollout % per_engine:
         raise PlacementError(
@@ -624,146 +623,155 @@ def plan_layout(req: LayoutRequest) -> PlacementPlan:
             "--rm-type dapo-genrm needs a judge: set --genrm-model-path (with a genrm entry in "
             "--resource) or --genrm-instances"
         )
+    return actor, rollout, genrm
 
-    mode: Mode
+
+def _decide_mode(req: LayoutRequest, actor: int, rollout: int, genrm: int) -> Mode:
     if req.colocate:
-        mode = _check_defer(req, _decide_colocate(req, actor, rollout, genrm))
-    else:
-        if req.defer_reward_to_post_process:
-            raise PlacementError(
-                "--defer-reward-to-post-process with --fully-async: the judge has its own GPUs "
-                "and is always awake, so there is nothing to swap; drop the defer flags and "
-                "score inline (defer-swap needs --colocate with rollout = genrm = actor)"
-            )
-        mode = "fully-async"
-    fracs, warnings = _mem_checks(req, mode)
+        return _check_defer(req, _decide_colocate(req, actor, rollout, genrm))
+    if req.defer_reward_to_post_process:
+        raise PlacementError(
+            "--defer-reward-to-post-process with --fully-async: the judge has its own GPUs "
+            "and is always awake, so there is nothing to swap; drop the defer flags and "
+            "score inline (defer-swap needs --colocate with rollout = genrm = actor)"
+        )
+    return "fully-async"
 
-    roles: dict[str, RolePlacement] = {}
-    judges: dict[str, JudgePlacement] = {}
-    engines: list[EnginePlacement] = []
-    groups: list[GroupPlan] = []
-    colocated = mode != "fully-async"
 
-    def share(role: str) -> float:
-        return COLOCATE_GPU_SHARE[role] if colocated else 1.0
+@dataclass(frozen=True)
+class _Where:
+    """Where a role goes in a mode: one ``colocate`` group at the role's GPU share, or a group of
+    its own with whole GPUs (fully-async)."""
 
-    def group_of(role: str) -> str:
-        return "colocate" if colocated else role
+    colocated: bool
 
-    # Training-side roles: in colocate they all sit on the actor's bundles.
-    for role in _TRAIN_ROLES:
-        res = req.resource.get(role)
-        if res is None:
-            continue
-        roles[role] = RolePlacement(
+    def share(self, role: str) -> float:
+        return COLOCATE_GPU_SHARE[role] if self.colocated else 1.0
+
+    def group(self, role: str) -> str:
+        return "colocate" if self.colocated else role
+
+    def role(self, role: str, res: RoleResource, start: int, gpus: int) -> RolePlacement:
+        return RolePlacement(
             role=role,
-            group=group_of(role),
-            bundles=_span(0, res.total),
+            group=self.group(role),
+            bundles=_span(start, gpus),
             num_groups=res.groups,
             gpus_per_group=res.gpus_per_group,
-            gpu_fraction=share(role),
+            gpu_fraction=self.share(role),
         )
-    rollout_res = req.resource.get("rollout") or RoleResource(groups=1, gpus_per_group=rollout)
-    roles["rollout"] = RolePlacement(
-        role="rollout",
-        group=group_of("rollout"),
-        bundles=_span(0, rollout),
-        num_groups=rollout_res.groups,
-        gpus_per_group=rollout_res.gpus_per_group,
-        gpu_fraction=share("rollout"),
-    )
+
+
+def _rollout_engines(
+    req: LayoutRequest, rollout: int, frac: float | None, where: _Where
+) -> list[EnginePlacement]:
+    per_engine = req.rollout_num_gpus_per_engine
+    engines = []
     for i in range(rollout // per_engine):
         bundles = _span(i * per_engine, per_engine)
-        _check_engine_nodes(f"rollout engine {i}", bundles, gpn, True, "")
+        _check_engine_nodes(f"rollout engine {i}", bundles, req.num_gpus_per_node, True, "")
         engines.append(
             EnginePlacement(
                 role="rollout",
                 instance=None,
                 index=i,
-                group=group_of("rollout"),
+                group=where.group("rollout"),
                 bundles=bundles,
-                mem_fraction_static=fracs["rollout"],
-                gpu_fraction=share("rollout"),
+                mem_fraction_static=frac,
+                gpu_fraction=where.share("rollout"),
                 may_span_nodes=True,
             )
         )
+    return engines
+
+
+def _judges(
+    req: LayoutRequest, offset: int, fracs: dict[str, float | None], where: _Where
+) -> tuple[dict[str, JudgePlacement], list[EnginePlacement]]:
+    """Each judge instance's bundles from ``offset`` on, one after another, and its engines."""
+    judges: dict[str, JudgePlacement] = {}
+    engines: list[EnginePlacement] = []
+    for key, spec in req.genrm.items():
+        judges[key] = JudgePlacement(
+            route_key=key,
+            group=where.group("genrm"),
+            bundles=_span(offset, spec.num_gpus),
+            num_gpus_per_engine=spec.num_gpus_per_engine,
+            engine=spec.engine,
+            mem_fraction_static=fracs[key],
+        )
+        can_span = spec.engine in SPANNING_JUDGE_ENGINES
+        for i in range(spec.num_gpus // spec.num_gpus_per_engine):
+            bundles = _span(offset + i * spec.num_gpus_per_engine, spec.num_gpus_per_engine)
+            _check_engine_nodes(
+                f"genrm instance {key!r} engine {i} (engine={spec.engine})",
+                bundles,
+                req.num_gpus_per_node,
+                can_span,
+                f"engine={spec.engine} runs in one process and cannot span nodes",
+            )
+            engines.append(
+                EnginePlacement(
+                    role="genrm",
+                    instance=key,
+                    index=i,
+                    group=where.group("genrm"),
+                    bundles=bundles,
+                    mem_fraction_static=fracs[key],
+                    gpu_fraction=where.share("genrm"),
+                    may_span_nodes=can_span,
+                )
+            )
+        offset += spec.num_gpus
+    return judges, engines
+
+
+def plan_layout(req: LayoutRequest) -> PlacementPlan:
+    """Decide the mode and every role's and engine's bundles; raise PlacementError if invalid."""
+    actor, rollout, genrm = _check_request(req)
+    mode = _decide_mode(req, actor, rollout, genrm)
+    fracs, warnings = _mem_checks(req, mode)
+    where = _Where(colocated=mode != "fully-async")
+
+    # Training-side roles: in colocate they all sit on the actor's bundles.
+    roles: dict[str, RolePlacement] = {
+        role: where.role(role, res, 0, res.total)
+        for role in _TRAIN_ROLES
+        if (res := req.resource.get(role)) is not None
+    }
+    rollout_res = req.resource.get("rollout") or RoleResource(groups=1, gpus_per_group=rollout)
+    roles["rollout"] = where.role("rollout", rollout_res, 0, rollout)
+    engines = _rollout_engines(req, rollout, fracs["rollout"], where)
+    judges: dict[str, JudgePlacement] = {}
     if req.genrm:
-        genrm_res = req.resource["genrm"]
         # split: judges after the rollout's bundles; shared / own group: from bundle 0.
         offset = rollout if mode == "colocate-split" else 0
-        roles["genrm"] = RolePlacement(
-            role="genrm",
-            group=group_of("genrm"),
-            bundles=_span(offset, genrm),
-            num_groups=genrm_res.groups,
-            gpus_per_group=genrm_res.gpus_per_group,
-            gpu_fraction=share("genrm"),
-        )
-        for key, spec in req.genrm.items():
-            judges[key] = JudgePlacement(
-                route_key=key,
-                group=group_of("genrm"),
-                bundles=_span(offset, spec.num_gpus),
-                num_gpus_per_engine=spec.num_gpus_per_engine,
-                engine=spec.engine,
-                mem_fraction_static=fracs[key],
-            )
-            can_span = spec.engine in SPANNING_JUDGE_ENGINES
-            for i in range(spec.num_gpus // spec.num_gpus_per_engine):
-                bundles = _span(offset + i * spec.num_gpus_per_engine, spec.num_gpus_per_engine)
-                _check_engine_nodes(
-                    f"genrm instance {key!r} engine {i} (engine={spec.engine})",
-                    bundles,
-                    gpn,
-                    can_span,
-                    f"engine={spec.engine} runs in one process and cannot span nodes",
-                )
-                engines.append(
-                    EnginePlacement(
-                        role="genrm",
-                        instance=key,
-                        index=i,
-                        group=group_of("genrm"),
-                        bundles=bundles,
-                        mem_fraction_static=fracs[key],
-                        gpu_fraction=share("genrm"),
-                        may_span_nodes=can_span,
-                    )
-                )
-            offset += spec.num_gpus
+        roles["genrm"] = where.role("genrm", req.resource["genrm"], offset, genrm)
+        judges, judge_engines = _judges(req, offset, fracs, where)
+        engines += judge_engines
     adv = req.resource.get("advantages")
-    if adv is not None and adv.total and not colocated:
-        roles["advantages"] = RolePlacement(
-            role="advantages",
-            group="advantages",
-            bundles=_span(0, adv.total),
-            num_groups=adv.groups,
-            gpus_per_group=adv.gpus_per_group,
-            gpu_fraction=1.0,
-        )
+    if adv is not None and adv.total and not where.colocated:
+        roles["advantages"] = where.role("advantages", adv, 0, adv.total)
 
-    if colocated:
-        groups.append(GroupPlan(name="colocate", num_bundles=actor, roles=tuple(roles)))
-        num_gpus = actor
+    if where.colocated:
+        groups = [GroupPlan(name="colocate", num_bundles=actor, roles=tuple(roles))]
     else:
-        for name, r in roles.items():
-            groups.append(GroupPlan(name=name, num_bundles=len(r.bundles), roles=(name,)))
-        num_gpus = sum(g.num_bundles for g in groups)
-
+        groups = [
+            GroupPlan(name=n, num_bundles=len(r.bundles), roles=(n,)) for n, r in roles.items()
+        ]
     train_roles = {k: v for k, v in roles.items() if k in (*_TRAIN_ROLES, "rollout")}
-    phases = _phases(mode, train_roles, judges, fracs["rollout"])
     judging: Literal["inline", "deferred", "none"] = (
         "deferred" if mode == "colocate-defer-swap" else "inline" if req.genrm else "none"
     )
     return PlacementPlan(
         mode=mode,
-        num_gpus=num_gpus,
-        num_gpus_per_node=gpn,
+        num_gpus=actor if where.colocated else sum(g.num_bundles for g in groups),
+        num_gpus_per_node=req.num_gpus_per_node,
         groups=tuple(groups),
         roles=roles,
         judges=judges,
         engines=tuple(engines),
-        phases=phases,
+        phases=_phases(mode, train_roles, judges, fracs["rollout"]),
         phases_overlap=mode == "fully-async",
         judging=judging,
         post_process=req.reward_post_process if mode == "colocate-defer-swap" else None,
