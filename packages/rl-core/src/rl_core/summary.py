@@ -31,30 +31,7 @@ def _agreement(metrics: dict[str, Any], prefix: str) -> str:
     return f"{_fmt(metrics.get(f'{prefix}judge_rule_agreement'), 2)} of {n}"
 
 
-def render_summary(
-    history: Sequence[StepRecord],
-    *,
-    mode: str,
-    startup: dict[str, float] | None = None,
-    total_s: float | None = None,
-    precision: str | None = None,
-    console: Console | None = None,
-    notes: Sequence[str] = (),
-    evals: Sequence[dict[str, Any]] | None = None,
-) -> None:
-    """Print per-step phase times, reward statistics and verdict sources (and ``notes`` on
-    how the run was set up, e.g. that KL is not computed). ``evals``: every evaluation of the
-    run (the trainer's ``eval_history``, one before training included); else those in
-    ``history``."""
-    console = console or Console()
-    if precision:
-        console.print(f"[bold]training precision[/]: {precision}")
-    for note in notes:
-        console.print(f"[bold]note[/]: {note}")
-    if startup:
-        console.print(
-            "[bold]start-up[/]: " + ", ".join(f"{k} {v:.1f}s" for k, v in startup.items())
-        )
+def _phase_table(history: Sequence[StepRecord], mode: str) -> Table:
     times = Table(title=f"phases per step (seconds) — mode {mode}")
     times.add_column("step", justify="right")
     present = [p for p in PHASES if any(p in h.phase_times for h in history)]
@@ -62,33 +39,42 @@ def render_summary(
         times.add_column(p, justify="right")
     for h in history:
         times.add_row(str(h.step), *(_fmt(h.phase_times.get(p), 1) for p in present))
-    console.print(times)
+    return times
 
+
+def _handoff_table(history: Sequence[StepRecord]) -> Table | None:
     handoff = sorted({k for h in history for k in h.metrics if k.startswith("handoff/")})
-    if handoff:
-        moves = Table(title="memory handoff per step (seconds): sleep, wake, offload, onload")
-        moves.add_column("step", justify="right")
-        for k in handoff:
-            moves.add_column(k.removeprefix("handoff/").removesuffix("_s"), justify="right")
-        moves.add_column("weight sync", justify="right")
-        for h in history:
-            moves.add_row(
-                str(h.step),
-                *(_fmt(h.metrics.get(k), 2) for k in handoff),
-                f"{_fmt(h.phase_times.get('weight_sync'), 2)} "
-                f"({h.metrics.get('weights/sync_path', '-')})",
-            )
-        console.print(moves)
-    mem = sorted({k for h in history for k in h.metrics if k.startswith("mem/")})
-    if mem:
-        memory = Table(title="GPU memory used at the end of each phase (GB)")
-        memory.add_column("step", justify="right")
-        for k in mem:
-            memory.add_column(k.removeprefix("mem/").removesuffix("_used_gb"), justify="right")
-        for h in history:
-            memory.add_row(str(h.step), *(_fmt(h.metrics.get(k), 1) for k in mem))
-        console.print(memory)
+    if not handoff:
+        return None
+    moves = Table(title="memory handoff per step (seconds): sleep, wake, offload, onload")
+    moves.add_column("step", justify="right")
+    for k in handoff:
+        moves.add_column(k.removeprefix("handoff/").removesuffix("_s"), justify="right")
+    moves.add_column("weight sync", justify="right")
+    for h in history:
+        moves.add_row(
+            str(h.step),
+            *(_fmt(h.metrics.get(k), 2) for k in handoff),
+            f"{_fmt(h.phase_times.get('weight_sync'), 2)} "
+            f"({h.metrics.get('weights/sync_path', '-')})",
+        )
+    return moves
 
+
+def _memory_table(history: Sequence[StepRecord]) -> Table | None:
+    mem = sorted({k for h in history for k in h.metrics if k.startswith("mem/")})
+    if not mem:
+        return None
+    memory = Table(title="GPU memory used at the end of each phase (GB)")
+    memory.add_column("step", justify="right")
+    for k in mem:
+        memory.add_column(k.removeprefix("mem/").removesuffix("_used_gb"), justify="right")
+    for h in history:
+        memory.add_row(str(h.step), *(_fmt(h.metrics.get(k), 1) for k in mem))
+    return memory
+
+
+def _steps_table(history: Sequence[StepRecord]) -> Table:
     steps = Table(title="what each step learned from")
     # short headers, few columns: readable in an 80-column terminal (the rest is in metrics.jsonl)
     # judge=mv: how often the judge agreed with math-verify where math-verify decided (of n)
@@ -114,37 +100,80 @@ def render_summary(
             _fmt(m.get("train/clipfrac"), 2),
             _fmt(m.get("rollout/response_len_mean"), 1),
         )
-    console.print(steps)
+    return steps
 
+
+#: What each verdict source means, in the summary's words.
+_VERDICT_LABELS = {
+    "gate": "rule gate (math-verify proved the answer equal; no judge call)",
+    "judge": "judge (GenRM verdict)",
+    "judge_cache": "judge, reused from the verdict cache",
+    "judge_unparsed": "judge answered without a clean verdict (0, counted)",
+    "judge_error": "judge failed (masked out of loss and group stats)",
+    "aborted": "generation aborted by the engine (not judged, not trained)",
+    "rule": "rule-based reward (no judge)",
+}
+
+
+def _verdicts_table(history: Sequence[StepRecord]) -> Table:
     total: Counter[str] = Counter()
     for h in history:
         total.update(h.verdicts)
-    labels = {
-        "gate": "rule gate (math-verify proved the answer equal; no judge call)",
-        "judge": "judge (GenRM verdict)",
-        "judge_cache": "judge, reused from the verdict cache",
-        "judge_unparsed": "judge answered without a clean verdict (0, counted)",
-        "judge_error": "judge failed (masked out of loss and group stats)",
-        "aborted": "generation aborted by the engine (not judged, not trained)",
-        "rule": "rule-based reward (no judge)",
-    }
     verdicts = Table(title="where the training rewards came from")
     verdicts.add_column("source")
     verdicts.add_column("samples", justify="right")
     for key, n in total.most_common():
-        verdicts.add_row(labels.get(key, key), str(n))
-    console.print(verdicts)
+        verdicts.add_row(_VERDICT_LABELS.get(key, key), str(n))
+    return verdicts
 
+
+def _eval_lines(history: Sequence[StepRecord], evals: Sequence[dict[str, Any]] | None) -> list[str]:
     if evals is None:
         evals = [{"step": h.step, **h.metrics} for h in history if h.metrics.get("eval/samples")]
     first_step = history[0].step if history else 1
+    lines = []
     for m in evals:
         when = "before training" if m["step"] < first_step else f"after step {m['step']}"
-        console.print(
+        lines.append(
             f"[bold]eval {when}[/]: accuracy (pass@1) {_fmt(m.get('eval/accuracy'))}, "
             f"mean reward {_fmt(m.get('eval/reward_mean'))}, judge agrees with math-verify "
             f"{_agreement(m, 'eval/')}, judge errors {m.get('eval/judge_errors')}, "
             f"{m.get('eval/samples')} samples"
         )
+    return lines
+
+
+def render_summary(
+    history: Sequence[StepRecord],
+    *,
+    mode: str,
+    startup: dict[str, float] | None = None,
+    total_s: float | None = None,
+    precision: str | None = None,
+    console: Console | None = None,
+    notes: Sequence[str] = (),
+    evals: Sequence[dict[str, Any]] | None = None,
+) -> None:
+    """Print per-step phase times, reward statistics and verdict sources (and ``notes`` on
+    how the run was set up, e.g. that KL is not computed). ``evals``: every evaluation of the
+    run (the trainer's ``eval_history``, one before training included); else those in
+    ``history``."""
+    console = console or Console()
+    if precision:
+        console.print(f"[bold]training precision[/]: {precision}")
+    for note in notes:
+        console.print(f"[bold]note[/]: {note}")
+    if startup:
+        console.print(
+            "[bold]start-up[/]: " + ", ".join(f"{k} {v:.1f}s" for k, v in startup.items())
+        )
+    console.print(_phase_table(history, mode))
+    for table in (_handoff_table(history), _memory_table(history)):
+        if table is not None:
+            console.print(table)
+    console.print(_steps_table(history))
+    console.print(_verdicts_table(history))
+    for line in _eval_lines(history, evals):
+        console.print(line)
     if total_s is not None:
         console.print(f"[bold]wall time[/]: {total_s:.1f}s")
