@@ -19,8 +19,9 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -75,7 +76,7 @@ from rl_core.placement.realize import (
 from rl_core.rewards import PostProcessHook, custom_post_process, defer_swap_post_process
 from rl_core.stopping import StopRequest
 from rl_core.trainer import GRPOTrainer, RewardSetup
-from rl_core.weight_sync import choose_weight_sync, make_weight_sync
+from rl_core.weight_sync import WeightSync, choose_weight_sync, make_weight_sync
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -405,6 +406,124 @@ def _init_ray(plan: PlacementPlan) -> bool:
     return True
 
 
+async def _start_ray(
+    plan: PlacementPlan, stack: AsyncExitStack, stop: StopRequest | None
+) -> RealizedPlacement:
+    """Ray up (ours shut down on exit), the plan checked against the cluster and placed."""
+    import ray
+
+    if stop is not None:
+        stop.install()
+        stack.callback(stop.uninstall)
+    if _init_ray(plan):
+        stack.callback(ray.shutdown)
+    if stop is not None:
+        stop.install()  # again: ray.init installs a SIGTERM handler that dumps and aborts
+    use_gpus = _cluster_gpus() > 0
+    _check_capacity(plan, use_gpus)
+    realized = await _ray_call_in_thread(create_placement_groups, plan, use_gpus=use_gpus)
+    stack.callback(realized.remove)
+    return realized
+
+
+@dataclass
+class _Services:
+    """What the GRPO loop runs on: the engines, the trainer groups and the phase machine."""
+
+    engines: list[EngineActor]
+    judge_engines: dict[str, list[EngineActor]]
+    groups: dict[str, Any]
+    phases: PhaseMachine
+
+
+async def _use_judge_service(
+    url: str, instances: Mapping[str, InstanceSpec], stack: AsyncExitStack, console: Console
+) -> None:
+    # reward functions use genrm-client's process-wide client, which reads GENRM_URL when it is
+    # created: drop any made before this service existed, and close ours last
+    os.environ["GENRM_URL"] = url
+    await close_genrm_clients()
+    stack.push_async_callback(close_genrm_clients)
+    console.print(f"[bold]judge service[/]: {url} ({', '.join(instances)})")
+
+
+async def _start_services(
+    cfg: TrainConfig,
+    realized: RealizedPlacement,
+    policy_path: str,
+    rollout_engine: str,
+    stack: AsyncExitStack,
+    console: Console,
+    startup: dict[str, float],
+) -> _Services:
+    """Engines first, then the trainer: on a shared GPU each role loads within its share. What
+    sits on disjoint GPUs starts at the same time (a start is mostly waiting on processes,
+    imports and model loads); what shares a GPU starts one after another."""
+    plan = cfg.plan
+    prefix = f"rl-core-{uuid.uuid4().hex[:6]}:"
+    instances = judge_specs(cfg) if cfg.genrm_enabled else {}
+    rollout = rollout_spec(cfg, policy_path, rollout_engine)
+    steps: dict[str, Coroutine[Any, Any, Any]] = {
+        "rollout_engines": start_rollout_engines(realized, rollout, prefix)
+    }
+    if instances:
+        steps["judge_service"] = start_judge_service(realized, instances, stack, cfg.genrm_port)
+    if plan.phases_overlap:  # fully-async: the trainer's GPUs are its own
+        steps["trainer"] = start_trainer_groups(cfg, realized, policy_path, prefix)
+    if plan.shares_gpus("rollout", "genrm"):
+        started = await _one_after_another(steps, startup)
+    else:
+        started = await _together(steps, startup)
+    engines: list[EngineActor] = started["rollout_engines"]
+
+    participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
+    judge_engines: dict[str, list[EngineActor]] = {}
+    if instances:
+        url, judge_actors = started["judge_service"]
+        await _use_judge_service(url, instances, stack, console)
+        participants.update({judge_id(k): JudgeSleeper(url, k) for k in instances})
+        judge_engines = {
+            key: [engine_actor(a, engine_id_for(key, i)) for i, a in enumerate(actors)]
+            for key, actors in judge_actors.items()
+        }
+
+    phases = PhaseMachine(phases_from_plan(plan), participants)
+    if plan.phases_overlap:
+        groups = started["trainer"]
+    else:
+        # Colocated: the engines sharing the actor's GPUs sleep (as in the train phase)
+        # before the trainer loads, so its weights never meet theirs at start-up.
+        t0 = time.perf_counter()
+        await phases.enter("train")
+        startup["engines_sleep"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        groups = await start_trainer_groups(cfg, realized, policy_path, prefix)
+        startup["trainer"] = time.perf_counter() - t0
+    learner = groups["actor"]
+    phases.add("actor", CallbackSleeper(learner.offload, learner.onload))
+    return _Services(engines, judge_engines, groups, phases)
+
+
+async def _weight_sync(
+    cfg: TrainConfig,
+    realized: RealizedPlacement,
+    rollout_engine: str,
+    services: _Services,
+    console: Console,
+    startup: dict[str, float],
+) -> WeightSync:
+    """The plan's weight path between the actor and the rollout engines, set up."""
+    path = choose_weight_sync(
+        cfg.plan, use_gpus=realized.use_gpus, device=cfg.device, engine=rollout_engine
+    )
+    sync = make_weight_sync(path, services.groups["actor"], services.engines, plan=cfg.plan)
+    t0 = time.perf_counter()
+    await sync.setup()
+    startup["weight_sync_setup"] = time.perf_counter() - t0
+    console.print(f"[bold]weight sync[/]: {path}")
+    return sync
+
+
 async def run_training(
     cfg: TrainConfig, console: Console | None = None, stop: StopRequest | None = None
 ) -> int:
@@ -415,122 +534,48 @@ async def run_training(
     saved; the status is then ``stop.exit_code`` and ``stop_report`` says what was saved.
     """
     apply_ray_env_defaults(disable_auth=True)
-    import ray
-
     console = console or Console(stderr=True)
     t_start = time.perf_counter()
     startup: dict[str, float] = {}
     run_dir = await asyncio.to_thread(_prepare_run_dir, cfg)
-    plan = cfg.plan
-    console.print(render_plan(plan))
-    rollout_engine = resolve_rollout_engine(cfg)
-    prefix = f"rl-core-{uuid.uuid4().hex[:6]}:"
+    console.print(render_plan(cfg.plan))
+    rollout_engine = resolve_rollout_engine(cfg)  # refused here, before anything starts
 
     async with AsyncExitStack() as stack:
-        t0 = time.perf_counter()
-        if stop is not None:
-            stop.install()
-            stack.callback(stop.uninstall)
-        if _init_ray(plan):
-            stack.callback(ray.shutdown)
-        if stop is not None:
-            stop.install()  # again: ray.init installs a SIGTERM handler that dumps and aborts
-        use_gpus = _cluster_gpus() > 0
-        _check_capacity(plan, use_gpus)
-        realized = await _ray_call_in_thread(create_placement_groups, plan, use_gpus=use_gpus)
-        stack.callback(realized.remove)
-        startup["ray"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        policy_path = await asyncio.to_thread(resolve_model, cfg.hf_checkpoint)
-        startup["models"] = time.perf_counter() - t0
-
-        # Engines first, then the trainer: on a shared GPU each role loads within its share.
-        # What sits on disjoint GPUs starts at the same time (a start is mostly waiting on
-        # processes, imports and model loads); what shares a GPU starts one after another.
-        instances = judge_specs(cfg) if cfg.genrm_enabled else {}
-        steps: dict[str, Coroutine[Any, Any, Any]] = {
-            "rollout_engines": start_rollout_engines(
-                realized, rollout_spec(cfg, policy_path, rollout_engine), prefix
-            )
-        }
-        if instances:
-            steps["judge_service"] = start_judge_service(realized, instances, stack, cfg.genrm_port)
-        if plan.phases_overlap:  # fully-async: the trainer's GPUs are its own
-            steps["trainer"] = start_trainer_groups(cfg, realized, policy_path, prefix)
-        if plan.shares_gpus("rollout", "genrm"):
-            started = await _one_after_another(steps, startup)
-        else:
-            started = await _together(steps, startup)
-        engines: list[EngineActor] = started["rollout_engines"]
-
-        participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
-        judge_actors: dict[str, list[Any]] = {}
-        if instances:
-            url, judge_actors = started["judge_service"]
-            # reward functions use genrm-client's process-wide client, which reads GENRM_URL
-            # when it is created: drop any made before this service existed, and close ours last
-            os.environ["GENRM_URL"] = url
-            await close_genrm_clients()
-            stack.push_async_callback(close_genrm_clients)
-            console.print(f"[bold]judge service[/]: {url} ({', '.join(instances)})")
-            participants.update({judge_id(k): JudgeSleeper(url, k) for k in instances})
-
-        phases = PhaseMachine(phases_from_plan(plan), participants)
-        if plan.phases_overlap:
-            groups = started["trainer"]
-        else:
-            # Colocated: the engines sharing the actor's GPUs sleep (as in the train phase)
-            # before the trainer loads, so its weights never meet theirs at start-up.
-            t0 = time.perf_counter()
-            await phases.enter("train")
-            startup["engines_sleep"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            groups = await start_trainer_groups(cfg, realized, policy_path, prefix)
-            startup["trainer"] = time.perf_counter() - t0
-        learner = groups["actor"]
-        precision = learner.precision
-        phases.add("actor", CallbackSleeper(learner.offload, learner.onload))
-        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
-
-        sync_path = choose_weight_sync(
-            plan, use_gpus=use_gpus, device=cfg.device, engine=rollout_engine
+        realized = await _timed(startup, "ray", _start_ray(cfg.plan, stack, stop))
+        policy_path = await _timed(
+            startup, "models", asyncio.to_thread(resolve_model, cfg.hf_checkpoint)
         )
-        weight_sync = make_weight_sync(sync_path, learner, engines, plan=plan)
-        t0 = time.perf_counter()
-        await weight_sync.setup()
-        startup["weight_sync_setup"] = time.perf_counter() - t0
-        console.print(f"[bold]weight sync[/]: {sync_path}")
-        judge_engines = {
-            key: [engine_actor(a, engine_id_for(key, i)) for i, a in enumerate(actors)]
-            for key, actors in judge_actors.items()
-        }
-
-        layout = await read_layout(realized, groups, engines, judge_engines)
+        services = await _start_services(
+            cfg, realized, policy_path, rollout_engine, stack, console, startup
+        )
+        learner = services.groups["actor"]
+        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
+        weight_sync = await _weight_sync(cfg, realized, rollout_engine, services, console, startup)
+        layout = await read_layout(
+            realized, services.groups, services.engines, services.judge_engines
+        )
         await asyncio.to_thread(write_layout, run_dir, layout)
 
+        every_engine = services.engines + [e for v in services.judge_engines.values() for e in v]
         trainer = GRPOTrainer(
             cfg,
             learner=learner,
             tokenizer=tokenizer,
-            rollout_engines=engines,
-            phases=phases,
+            rollout_engines=services.engines,
+            phases=services.phases,
             rewards=_reward_setup(cfg),
             train_data=load_data(cfg.prompt_data, cfg, run_dir, eval_set=False),
             eval_data=load_data(cfg.eval_prompt_data, cfg, run_dir, eval_set=True)
             if cfg.eval_prompt_data
             else None,
-            reference=groups.get("reference"),
-            actor_fwd=groups.get("actor_fwd"),
-            overlap=plan.phases_overlap,
+            reference=services.groups.get("reference"),
+            actor_fwd=services.groups.get("actor_fwd"),
+            overlap=cfg.plan.phases_overlap,
             metrics=MetricsWriter(run_dir),
             clock=PhaseClock(console),
             weight_sync=weight_sync,
-            memory_probe=GpuMemoryProbe(
-                learner, engines + [e for v in judge_engines.values() for e in v]
-            )
-            if use_gpus
-            else None,
+            memory_probe=GpuMemoryProbe(learner, every_engine) if realized.use_gpus else None,
             stop=stop,
         )
         if stop is not None:
@@ -549,7 +594,7 @@ async def run_training(
         mode=cfg.mode,
         startup=startup,
         total_s=time.perf_counter() - t_start,
-        precision=precision,
+        precision=learner.precision,
         console=Console(),
         notes=run_notes(cfg),
         evals=trainer.eval_history,
