@@ -992,8 +992,13 @@ class SGLangEngine(Engine):
             self._watch_task.cancel()
             self._watch_task = None
         if self.sgl is not None and self._thread is not None:
+            sgl, mine = self.sgl, list(self._children)
+            others = [p for p in multiprocessing.active_children() if p not in mine]
             with contextlib.suppress(Exception):
-                await self._thread.call(self.sgl.shutdown)
+                if others:  # another engine's processes live in this process too
+                    await self._thread.call(lambda: _shutdown_own_processes(sgl, mine))
+                else:
+                    await self._thread.call(sgl.shutdown)
             self.sgl = None
         if self._thread is not None:
             self._thread.stop()
@@ -1012,6 +1017,36 @@ class SGLangEngine(Engine):
             "context_len": self.context_len,
             "failure": self.failure,
         }
+
+
+#: How long a shutdown waits for this engine's killed processes to be reaped (SGLang's own).
+SHUTDOWN_REAP_S = 60.0
+
+
+def _shutdown_own_processes(sgl: Any, mine: list[Any]) -> None:
+    """``sgl.Engine.shutdown`` for one engine of several in a process. SGLang's ends with
+    ``kill_process_tree(os.getpid())`` (entrypoints/engine.py, seen on 0.5.17): every child of
+    the process, another engine's scheduler and detokenizer included, which that engine then
+    reports as crashed. This does its steps for this engine's own processes (and theirs)."""
+    import psutil
+
+    manager = getattr(sgl, "tokenizer_manager", None)
+    watchdog = getattr(manager, "_subprocess_watchdog", None)
+    if watchdog is not None:
+        watchdog.stop()
+    rpc = getattr(sgl, "send_to_rpc", None)
+    if rpc is not None:
+        rpc.close(linger=0)
+        sgl.send_to_rpc = None
+    procs: list[Any] = []
+    for child in mine:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc = psutil.Process(child.pid)
+            procs += [*proc.children(recursive=True), proc]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=SHUTDOWN_REAP_S)
 
 
 def _raise_unless_success(engine_id: str, what: str, result: Any) -> None:
