@@ -55,6 +55,15 @@ def fresh(args: argparse.Namespace, vocab: int, seed: int) -> list[list[int]]:
     return [[10 + (t + offset) % (vocab - 10) for t in p] for p in prompts]
 
 
+def with_group_keys(reqs: list[Any], args: argparse.Namespace, tag: str) -> list[Any]:
+    """Each request's affinity key (``prefix_key``): its group, as the rewards set it, so that
+    through the service's router a group's spread arrivals all reach one engine. ``fresh``
+    lists prompts group by group."""
+    for i, r in enumerate(reqs):
+        r.prefix_key = f"{tag}/group-{i // args.group_size}"
+    return reqs
+
+
 def sglang_spec(model_dir: Path, args: argparse.Namespace, extra: dict[str, Any]) -> Any:
     from genrm_serve.config import EngineConfig, InstanceSpec
 
@@ -136,7 +145,11 @@ async def ours_rows(
             counters=dict(engine.counters),
         )
         # inline scoring: the samples arrive one by one, spread over the window
-        reqs = hf_engine._requests(fresh(args, vocab, 300), max_response_len=1)
+        # (one engine here, so the keys change nothing; with several behind the router they
+        # keep each group on one engine's radix cache)
+        reqs = with_group_keys(
+            hf_engine._requests(fresh(args, vocab, 300), max_response_len=1), args, "spread"
+        )
         gap = args.spread_ms / 1e3 / max(len(reqs) - 1, 1)
         cached_before = engine.counters["cached_prompt_tokens"]
 
