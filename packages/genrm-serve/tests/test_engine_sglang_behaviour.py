@@ -134,6 +134,22 @@ async def test_sleep_wake_keeps_the_judges_weights(
     assert fake.server_args["enable_weights_cpu_backup"] is True
 
 
+async def test_a_judge_that_keeps_its_weights_releases_only_the_cache(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sleep_keeps_weights``: the KV cache and CUDA graphs are released, the weights stay
+    (no CPU backup is made, none is needed), and greedy outputs are the same after wake."""
+    monkeypatch.setattr(FakeSGLangEngine, "step_s", 0.0)
+    engine, fake = await start(sleep_keeps_weights=True)
+    before = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
+    await engine.sleep()
+    assert fake.offload_tags == {"kv_cache", "cuda_graph"}
+    await engine.wake()
+    after = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
+    assert after == before and fake.weights_valid and not fake.offload_tags
+    assert fake.server_args["enable_weights_cpu_backup"] is False
+
+
 # -- 2. flush_cache retried until it succeeds, under a deadline ----------------------------------
 async def test_sleep_retries_flush_until_sglang_is_idle(
     start: Any, monkeypatch: pytest.MonkeyPatch

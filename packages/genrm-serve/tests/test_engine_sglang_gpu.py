@@ -161,8 +161,10 @@ async def test_seed_honoured_with_deterministic_inference(tiny_dir: Path) -> Non
 #: Two tokens whose fp32 log-probabilities are this close are a tie at bf16 precision: either
 #: engine may pick either (a random-weight model has many near-ties; a trained one few).
 BF16_TIE = 0.1
-#: Log-probabilities of one token, bf16 engine against the fp32 reference.
-BF16_LOGPROB_TOL = 0.05
+#: Log-probabilities of one token, bf16 engine against the fp32 reference. The tiny model's
+#: logits are large (init_std 0.2), and bf16 rounding through them moved the hf engine's own
+#: log-probs up to 0.054 from fp32 on the H200 (2026-12-03), so 0.05 was the wrong bar.
+BF16_LOGPROB_TOL = 0.1
 
 
 def _reference_logprobs(model_dir: Path, prompt: list[int], tokens: list[int]) -> Any:
@@ -200,7 +202,8 @@ async def test_logprobs_match_the_hf_engine(engine: SGLangEngine, tiny_dir: Path
         gots = await engine.generate(reqs)
     finally:
         await hf.shutdown()
-    report = []
+    report: list[str] = []
+    wrong: list[str] = []
     for req, ref, got in zip(reqs, refs, gots, strict=True):
         prompt = list(req.prompt_token_ids or [])
         for name, out, logprobs in (
@@ -218,9 +221,12 @@ async def test_logprobs_match_the_hf_engine(engine: SGLangEngine, tiny_dir: Path
                     f" {[round(float(v), 4) for v in top2.values]}"
                 )
                 report.append(line)
-                assert float(lp[t, tok]) >= float(top2.values[0]) - BF16_TIE, "\n".join(report)
-                assert abs(logprobs[t] - float(lp[t, tok])) < BF16_LOGPROB_TOL, "\n".join(report)
-    print("\n".join(report))
+                if float(lp[t, tok]) < float(top2.values[0]) - BF16_TIE:
+                    wrong.append(f"not the top token beyond a bf16 tie: {line}")
+                if abs(logprobs[t] - float(lp[t, tok])) >= BF16_LOGPROB_TOL:
+                    wrong.append(f"log-prob off beyond bf16: {line}")
+    print("\n".join(report))  # both engines' every position, for the benchmark report
+    assert not wrong, "\n".join(wrong)
 
 
 async def test_started_on_sglang_s_defaults_with_prefill_graphs_off(engine: SGLangEngine) -> None:

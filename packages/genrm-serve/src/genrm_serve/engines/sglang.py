@@ -242,7 +242,8 @@ def sglang_engine_kwargs(
         "ep_size": cfg.ep_size,
         "context_length": cfg.max_context_len,
         "enable_memory_saver": True,
-        "enable_weights_cpu_backup": True,
+        # a sleep that releases the weights must find them again (a judge's are never resent)
+        "enable_weights_cpu_backup": not cfg.sleep_keeps_weights,
         # "auto" is bf16 on a GPU, as the hf engine reads it: SGLang's own "auto" loads a
         # float32 checkpoint as float16 (configs/model_config.py, seen on 0.5.17), and two
         # engines of one instance kind must compute alike.
@@ -911,9 +912,8 @@ class SGLangEngine(Engine):
         assert self._thread is not None and self._control is not None
         async with self._control:
             await self._flush()
-            await self._thread.call(
-                lambda: self.sgl.release_memory_occupation(tags=list(MEMORY_TAGS))
-            )
+            tags = self._sleep_tags()
+            await self._thread.call(lambda: self.sgl.release_memory_occupation(tags=tags))
             self.state = "asleep"
 
     async def wake(self) -> None:
@@ -922,10 +922,14 @@ class SGLangEngine(Engine):
         if not self.is_follower:
             assert self._thread is not None and self._control is not None
             async with self._control:
-                await self._thread.call(
-                    lambda: self.sgl.resume_memory_occupation(tags=list(MEMORY_TAGS))
-                )
+                tags = self._sleep_tags()
+                await self._thread.call(lambda: self.sgl.resume_memory_occupation(tags=tags))
         self.state = "awake"
+
+    def _sleep_tags(self) -> list[str]:
+        """What a sleep releases: all of SGLang's memory, or all but the weights."""
+        keep = {"weights"} if self.spec.engine_config.sleep_keeps_weights else set()
+        return [t for t in MEMORY_TAGS if t not in keep]
 
     # -- weights -----------------------------------------------------------------------------
     def _check_version(self, version: int) -> None:
