@@ -15,7 +15,8 @@ Layouts (each its own ``rl-core train`` process, one after another):
   asleep, then the judge scores the batch;
 - ``megatron``: ``shared`` with ``--train-backend megatron``;
 - ``sglang-shared`` / ``sglang-defer``: ``shared`` / ``defer`` with SGLang rollout and judge
-  engines, 256-token responses (``--sglang-server-args`` for what the machine's SGLang needs).
+  engines, 256-token responses (``--sglang-server-args`` for what the machine's SGLang needs;
+  ``--judge-sleep-keeps-weights``: the judge's sleep frees its KV cache only).
 
 Run: ``python benchmarks/gpu_train.py --out DIR [--layouts shared,defer,megatron] [--steps 3]``.
 Prints a markdown report; ``DIR/gpu_train.json`` holds every step's metrics.
@@ -60,11 +61,14 @@ LAYOUTS["megatron"] = [*LAYOUTS["shared"], "--train-backend", "megatron"]
 SGLANG_LAYOUTS = ("sglang-shared", "sglang-defer")
 
 
-def sglang_layout(name: str, server_args: dict[str, Any]) -> list[str]:
+def sglang_layout(name: str, server_args: dict[str, Any], keep_weights: bool = False) -> list[str]:
     """``shared`` / ``defer`` with SGLang engines: rollout gets ``server_args`` as the
-    original's ``--sglang-*`` flags, the judge as ``engine_config.server_args``."""
+    original's ``--sglang-*`` flags, the judge as ``engine_config.server_args`` (and
+    ``sleep_keeps_weights`` when asked)."""
     base = name.removeprefix("sglang-")
-    judge_config = {"max_batch_size": 64, "server_args": server_args}
+    judge_config: dict[str, Any] = {"max_batch_size": 64, "server_args": server_args}
+    if keep_weights:
+        judge_config["sleep_keeps_weights"] = True
     if base == "shared":
         judge_config["mem_fraction_static"] = 0.3
     i = LAYOUTS[base].index("--genrm-engine-config")  # the hf judge's config is replaced
@@ -126,12 +130,13 @@ def run_layout(
     steps: int,
     n: int,
     server_args: dict[str, Any] | None = None,
+    keep_weights: bool = False,
 ) -> dict[str, Any]:
     run_dir = work / "runs" / name
     cmd = [sys.executable, "-m", "rl_core.cli", "train"]
     if name in SGLANG_LAYOUTS:
         cmd += train_flags(policy, judge, run_dir, steps, n, response_len=256)
-        cmd += sglang_layout(name, server_args or {})
+        cmd += sglang_layout(name, server_args or {}, keep_weights)
     else:
         cmd += train_flags(policy, judge, run_dir, steps, n) + LAYOUTS[name]
     log = out / f"train-{name}.log"
@@ -207,6 +212,12 @@ def main() -> None:
         default="{}",
         help="JSON: SGLang server arguments of the sglang-* layouts' engines (this machine's)",
     )
+    ap.add_argument(
+        "--judge-sleep-keeps-weights",
+        dest="keep_weights",
+        action="store_true",
+        help="sglang-* layouts: the judge's sleep frees its KV cache, its weights stay",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -231,7 +242,9 @@ def main() -> None:
         steps = 2 if name == "megatron" else args.steps
         sa = json.loads(args.sglang_server_args)
         doc["results"].append(
-            run_layout(name, policy, judge, args.out, args.work, steps, args.n, sa)
+            run_layout(
+                name, policy, judge, args.out, args.work, steps, args.n, sa, args.keep_weights
+            )
         )
         print(report(doc["results"][-1:]), flush=True)
         # after each layout: a run cut short still leaves what it measured

@@ -12,7 +12,11 @@ GPU and saved once, so that SGLang loads exactly the weights the transformers ro
    shared run computed first;
 5. our SGLang engine through its worker, the samples arriving spread over ``--spread-ms`` (inline
    scoring as rollouts finish): what SGLang's radix cache gives without the batch-level warm-up;
-6. the compute bound on unique tokens at ``--tflops``.
+6. the compute bound on unique tokens at ``--tflops``;
+7. through the service: the same engine in process on chat messages (text groups of about the
+   same lengths, rendered and tokenised by the engine), then one ``POST /genrm/generate_batch``
+   of those messages to genrm-serve with one SGLang judge engine (Ray Serve, HTTP, the router,
+   the engine actor): the ratio of the two is the service's cost (``--no-service`` skips it).
 
 Every row has fresh groups (new random prompts), so no row is helped by an earlier one's cache.
 Verdict agreement: each SGLang row's greedy token against raw SGLang's on the same prompts.
@@ -40,8 +44,14 @@ import hf_engine  # the judge workload and the hf rows: one owner of both
 RESULTS: dict[str, Any] = {"rows": []}
 
 
+#: ``--out``: the JSON results, written after each row (a run cut short keeps what it measured)
+OUT: Path | None = None
+
+
 def row(name: str, n: int, seconds: float, base: float | None, **extra: Any) -> None:
     RESULTS["rows"].append({"path": name, "judgments_s": n / seconds, "s": seconds, **extra})
+    if OUT is not None:
+        OUT.write_text(json.dumps(RESULTS, default=str))
     ratio = f"{base / seconds:.2f}x" if base else "-"
     print(f"| {name} | {n / seconds:.1f} | {seconds * 1e3:.0f} | {ratio} |", flush=True)
 
@@ -53,6 +63,46 @@ def fresh(args: argparse.Namespace, vocab: int, seed: int) -> list[list[int]]:
     )
     offset = seed * 7919
     return [[10 + (t + offset) % (vocab - 10) for t in p] for p in prompts]
+
+
+def with_group_keys(reqs: list[Any], args: argparse.Namespace, tag: str) -> list[Any]:
+    """Each request's affinity key (``prefix_key``): its group, as the rewards set it, so that
+    through the service's router a group's spread arrivals all reach one engine. ``fresh``
+    lists prompts group by group."""
+    for i, r in enumerate(reqs):
+        r.prefix_key = f"{tag}/group-{i // args.group_size}"
+    return reqs
+
+
+def text_batch(tokenizer: Any, args: argparse.Namespace, seed: int) -> list[str]:
+    """The judge workload as the service takes it, text: per group, a shared run of random
+    words of about ``--shared`` tokens, then each sample's own of about ``--private``."""
+    import random
+
+    rng = random.Random(seed)
+
+    def words(n_tokens: int) -> str:
+        out: list[str] = []
+        while len(tokenizer(" ".join(out), add_special_tokens=False)["input_ids"]) < n_tokens:
+            out += [f"w{rng.randrange(0, 1000)}" for _ in range(8)]
+        return " ".join(out)
+
+    texts = []
+    for _ in range(args.groups):
+        shared = words(args.shared)
+        texts += [f"{shared}\n{words(args.private)}" for _ in range(args.group_size)]
+    return texts
+
+
+def message_requests(texts: list[str]) -> list[Any]:
+    from genrm_client.types import Message, SamplingParams
+    from genrm_serve.config import DEFAULT_SAMPLING
+    from genrm_serve.engines.base import EngineRequest
+
+    sampling = SamplingParams(temperature=0.0, max_response_len=1).merged_over(DEFAULT_SAMPLING)
+    return [
+        EngineRequest(sampling=sampling, messages=[Message(role="user", content=t)]) for t in texts
+    ]
 
 
 def sglang_spec(model_dir: Path, args: argparse.Namespace, extra: dict[str, Any]) -> Any:
@@ -136,7 +186,11 @@ async def ours_rows(
             counters=dict(engine.counters),
         )
         # inline scoring: the samples arrive one by one, spread over the window
-        reqs = hf_engine._requests(fresh(args, vocab, 300), max_response_len=1)
+        # (one engine here, so the keys change nothing; with several behind the router they
+        # keep each group on one engine's radix cache)
+        reqs = with_group_keys(
+            hf_engine._requests(fresh(args, vocab, 300), max_response_len=1), args, "spread"
+        )
         gap = args.spread_ms / 1e3 / max(len(reqs) - 1, 1)
         cached_before = engine.counters["cached_prompt_tokens"]
 
@@ -156,8 +210,82 @@ async def ours_rows(
             cached_prompt_tokens=cached,
             prompt_tokens=n * (args.shared + args.private),
         )
+        # the service's comparison: the same engine in process, on the chat messages it sends
+        assert engine.prompts is not None
+        tokenizer = engine.prompts.tokenizer
+        await worker.generate_many(message_requests(text_batch(tokenizer, args, 399)))
+        times = []
+        for rep in range(args.repeats):
+            reqs = message_requests(text_batch(tokenizer, args, 400 + rep))
+            t0 = time.perf_counter()
+            outs = await worker.generate_many(reqs)
+            times.append(time.perf_counter() - t0)
+            assert all(o.completion_tokens == 1 for o in outs)
+        RESULTS["messages_in_process_s"] = wall = sorted(times)[len(times) // 2]
+        row(
+            "our SGLang engine in process, chat messages",
+            n,
+            wall,
+            RESULTS["plain_s"],
+            prompt_tokens=sum(o.prompt_tokens for o in outs),
+        )
     finally:
         await worker.shutdown()
+
+
+def service_row(model_dir: Path, args: argparse.Namespace, extra: dict[str, Any]) -> None:
+    """One ``POST /genrm/generate_batch`` of the chat messages of the in-process row (the same
+    texts, a fresh engine: no cache from that row), median of ``--repeats`` after a warm-up."""
+    from genrm_serve.testing import free_port, ray_test_env
+
+    ray_test_env()
+    import httpx
+    import ray
+    from ray import serve
+    from transformers import AutoTokenizer
+
+    from genrm_serve.app import build_app, deploy, wait_until_healthy
+    from genrm_serve.serve_args import ServeArgs
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    spec = sglang_spec(model_dir, args, extra)
+    sargs = ServeArgs(port=free_port(), app_name="judge-engines", api_key=None)
+    ray.init(address="local", num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        deploy(build_app({"judge": spec}, args=sargs), sargs)
+        wait_until_healthy(sargs, 900)
+        sampling = {"temperature": 0.0, "max_response_len": 1}
+
+        def body(seed: int) -> dict[str, Any]:
+            return {
+                "requests": [
+                    {"messages": [{"role": "user", "content": t}], "sampling_params": sampling}
+                    for t in text_batch(tokenizer, args, seed)
+                ]
+            }
+
+        with httpx.Client(base_url=sargs.url, timeout=600) as client:
+            client.post("/generate_batch", json=body(399)).raise_for_status()
+            times = []
+            for rep in range(args.repeats):
+                payload = body(400 + rep)
+                t0 = time.perf_counter()
+                r = client.post("/generate_batch", json=payload)
+                times.append(time.perf_counter() - t0)
+                r.raise_for_status()
+                assert all("response" in x for x in r.json()["results"]), r.text[:300]
+        wall = sorted(times)[len(times) // 2]
+        n = args.groups * args.group_size
+        row(
+            "the same through the service: POST /generate_batch",
+            n,
+            wall,
+            RESULTS["plain_s"],
+            vs_in_process=RESULTS["messages_in_process_s"] / wall,
+        )
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def main() -> None:
@@ -172,7 +300,10 @@ def main() -> None:
     ap.add_argument("--tflops", type=float, default=790.0)
     ap.add_argument("--server-args", default="{}", help="JSON: SGLang server args (both rows)")
     ap.add_argument("--out", default=None, help="JSON results, written after each row")
+    ap.add_argument("--no-service", action="store_true", help="skip the service row (no Ray)")
     args = ap.parse_args()
+    global OUT
+    OUT = Path(args.out) if args.out else None
     extra = json.loads(args.server_args)
     # the hf rows (hf_engine's own code), then the weights saved for SGLang
     hf_args = argparse.Namespace(
@@ -207,10 +338,10 @@ def main() -> None:
     torch.cuda.empty_cache()
     raw = raw_rows(folder, args, extra, vocab)
     asyncio.run(ours_rows(folder, args, extra, vocab, raw))
+    if not args.no_service:
+        service_row(folder, args, extra)
     bound_s = 2 * params * unique / (args.tflops * 1e12)
     row(f"compute bound on unique tokens ({args.tflops:.0f} TFLOP/s)", n, bound_s, plain_s)
-    if args.out:
-        Path(args.out).write_text(json.dumps(RESULTS, default=str))
 
 
 if __name__ == "__main__":

@@ -3,14 +3,16 @@
 Random weights (``load_format="dummy"``) of the Qwen3-0.6B shape (28 x 1024, MLP 3072, 16 / 8
 heads, head_dim 128, vocab 151,936) with genrm-serve's tiny tokenizer. Rows:
 
-- rollout, 64 prompts x 128 tokens, 512 new tokens at T = 1 (end of sequence ignored; the same
-  on every path), the second call of each path timed:
-  raw ``sgl.Engine.generate`` of the 64 prompts; our engine through its worker (8 GRPO groups of
-  8, each group one ``generate_many`` call, all 8 in flight, as a judge service or rl-core
-  sends them); our engine through rl-core's rollout (``generate_groups``, 8 groups of 8);
+- rollout, 64 prompts x 128 tokens, 512 new tokens at T = 1, the second call of each path
+  timed: raw ``sgl.Engine.generate`` of the 64 prompts (end of sequence ignored); our engine
+  through its worker (8 GRPO groups of 8, each group one ``generate_many`` call, all 8 in
+  flight, as a judge service or rl-core sends them); our engine through rl-core's rollout
+  (``generate_groups``, 8 groups of 8, prompts built to tokenise to exactly 128 ids). Ours stop
+  at an end of sequence, which a random model over 151,936 ids almost never samples (the tiny
+  tokenizer's), so the tokens generated match (each row reports its count);
 - weight sync, every parameter in bf16: SGLang's own ``update_weights_from_tensor`` of the
   tensors, then ours (the trainer's flat buckets shared through CUDA IPC, mapped by SGLang's
-  scheduler), with a read-back of three parameters against the trainer's values.
+  scheduler), checked by greedy equality with a fresh engine loaded from the synced weights.
 
 Run (on the GPU machine, SGLang on PYTHONPATH):
 ``python3 benchmarks/sglang_engine.py [--server-args '{"attention_backend": "triton"}']``.
@@ -145,6 +147,28 @@ def model_path_of(s: Any) -> Path:
     return Path(s.model_path)
 
 
+def exact_prompt(tokenizer: Any, seed: int) -> str:
+    """A text that rl-core's rollout tokenises into exactly ``PROMPT_LEN`` ids (its special
+    tokens included): the same prompt length as the other rows, so the same workload (a
+    ``w123`` word is several tokens, and a longer prompt leaves fewer new tokens)."""
+    import random
+
+    rng = random.Random(seed)
+
+    def n_ids(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    words = [f"w{rng.randrange(0, 300)}" for _ in range(PROMPT_LEN)]
+    while n_ids(" ".join(words)) > PROMPT_LEN:
+        words.pop()
+    text = " ".join(words)
+    while n_ids(text) < PROMPT_LEN:
+        text += "."
+    if n_ids(text) != PROMPT_LEN:
+        raise SystemExit(f"could not build a {PROMPT_LEN}-token prompt (seed {seed})")
+    return text
+
+
 async def ours(model: Path, extra: dict[str, Any]) -> dict[str, Any]:
     from genrm_serve.engines.sglang import SGLangEngine
     from genrm_serve.engines.worker import EngineWorker
@@ -176,14 +200,11 @@ async def ours(model: Path, extra: dict[str, Any]) -> dict[str, Any]:
     settings = RolloutSettings(n_samples_per_prompt=GROUP, max_response_len=NEW)
     calls = []
     for seed in (3, 4):
-        import random
-
-        rng = random.Random(seed)
-        words = [f"w{rng.randrange(0, 300)}" for _ in range(PROMPTS // GROUP * PROMPT_LEN)]
+        texts = [exact_prompt(tokenizer, seed * 1000 + g) for g in range(PROMPTS // GROUP)]
         groups = [
             [
                 Sample(
-                    prompt=" ".join(words[g * PROMPT_LEN : (g + 1) * PROMPT_LEN]),
+                    prompt=texts[g],
                     label=None,
                     metadata={},
                     group_id=g,

@@ -144,16 +144,22 @@ def last_logits(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, pos: to
 
 
 def evaluate(
-    model: Any, items: list[tuple[list[int], int]], tok: Tokenised, autocast: bool, size: int
+    model: Any,
+    items: list[tuple[list[int], int]],
+    tok: Tokenised,
+    autocast: bool,
+    size: int,
+    device: str = "cpu",
 ) -> dict[str, float]:
     """Greedy verdict over the full vocabulary: agreement, and replies that are not 1/0 + stop."""
     model.eval()
     agree = clean = 0
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
         for start in range(0, len(items), size):
             chunk = items[start : start + size]
-            ids, mask, pos, targets = collate(chunk, tok)
-            pred = last_logits(model, ids, mask, pos).argmax(-1)
+            ids, mask, pos, targets = (t.to(device) for t in collate(chunk, tok))
+            pred = last_logits(model, ids, mask, pos).argmax(-1).cpu()
+            targets = targets.cpu()
             agree += int((pred[:, 0] == targets[:, 0]).sum())
             verdict_tokens = torch.tensor(list(tok.verdict_ids.values()))
             clean += int(
@@ -271,6 +277,27 @@ def build_cache(
     return [c for c in cache if c is not None]
 
 
+def load_or_build_cache(
+    split: SplitModel,
+    items: list[tuple[list[int], int]],
+    tok: Tokenised,
+    autocast: bool,
+    ns: argparse.Namespace,
+) -> list[torch.Tensor]:
+    """The frozen layers' states, from ``--cache-file`` when it holds these examples' states."""
+    if ns.cache_file is not None and ns.cache_file.is_file():
+        cache: list[torch.Tensor] = torch.load(ns.cache_file, weights_only=True)
+        if len(cache) != len(items) or any(
+            c.shape[0] != len(ids) + 1 for c, (ids, _) in zip(cache, items, strict=True)
+        ):
+            raise SystemExit(f"{ns.cache_file} was built for other examples: delete it")
+        return cache
+    cache = build_cache(split, items, tok, autocast, ns.batch_size * 2)
+    if ns.cache_file is not None:
+        torch.save(cache, ns.cache_file)
+    return cache
+
+
 def collate_states(
     rows: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -343,6 +370,17 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=768, help="prompt tokens kept (the tail)")
     ap.add_argument("--bf16", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the cores)")
+    ap.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: cuda when a GPU is present",
+    )
+    ap.add_argument(
+        "--no-cut",
+        action="store_true",
+        help="run the whole model every step, no cache of the frozen layers (always on a GPU)",
+    )
     ap.add_argument("--max-train-s", type=float, default=0, help="stop the steps after this")
     ap.add_argument(
         "--stop-after",
@@ -366,9 +404,12 @@ def main() -> None:
     t_start = time.monotonic()
     seed_everything(ns.seed)
     torch.set_num_threads(ns.threads or len(os.sched_getaffinity(0)))
+    device = ns.device if ns.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     probe = probe_cpu_bf16()
-    autocast = {"on": True, "off": False, "auto": probe.native}[ns.bf16]
-    logger.info("%s; bf16 autocast %s", probe.describe(), autocast)
+    native = probe.native if device == "cpu" else True
+    autocast = {"on": True, "off": False, "auto": native}[ns.bf16]
+    where = probe.describe() if device == "cpu" else torch.cuda.get_device_name(0)
+    logger.info("%s; bf16 autocast %s", where, autocast)
 
     if ns.examples is not None:
         examples = read_examples(ns.examples)
@@ -401,26 +442,27 @@ def main() -> None:
     held_items = [(tok.prompt_ids(e), e.verdict) for e in held]
     base: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     base.requires_grad_(False)
-    split = SplitModel(base, ns.top_layers)
-    check_split(split, train_items[:2], tok)
+    n_layers = int(base.config.get_text_config().num_hidden_layers)
+    if not 0 < ns.top_layers <= n_layers:
+        raise SystemExit(f"--top-layers {ns.top_layers}: the model has {n_layers} layers")
+    layer_ids = list(range(n_layers - ns.top_layers, n_layers))
+    split: SplitModel | None = None
+    cache: list[torch.Tensor] = []
     t_cache = time.monotonic()
-    if ns.cache_file is not None and ns.cache_file.is_file():
-        cache = torch.load(ns.cache_file, weights_only=True)
-        if len(cache) != len(train_items) or any(
-            c.shape[0] != len(ids) + 1 for c, (ids, _) in zip(cache, train_items, strict=True)
-        ):
-            raise SystemExit(f"{ns.cache_file} was built for other examples: delete it")
+    if device == "cuda" or ns.no_cut:
+        base.to(device)  # a GPU runs the frozen layers every step faster than a cache loads
     else:
-        cache = build_cache(split, train_items, tok, autocast, ns.batch_size * 2)
-        if ns.cache_file is not None:
-            torch.save(cache, ns.cache_file)
+        split = SplitModel(base, ns.top_layers)
+        check_split(split, train_items[:2], tok)
+        cache = load_or_build_cache(split, train_items, tok, autocast, ns)
     cache_s = time.monotonic() - t_cache
-    logger.info(
-        "cached the states entering layer %d for %d examples in %.0f s",
-        split.cut,
-        len(cache),
-        cache_s,
-    )
+    if split is not None:
+        logger.info(
+            "cached the states entering layer %d for %d examples in %.0f s",
+            split.cut,
+            len(cache),
+            cache_s,
+        )
 
     lora = {
         "r": ns.rank,
@@ -429,17 +471,22 @@ def main() -> None:
         "target_modules": list(TARGET_MODULES),
         "task_type": "CAUSAL_LM",
     }
-    model: Any = get_peft_model(split.top, LoraConfig(**lora))
-    if ns.init_adapter is not None:
-        init_from_adapter(model, ns.init_adapter, split.cut)
+    if split is not None:
+        model: Any = get_peft_model(split.top, LoraConfig(**lora))
+        if ns.init_adapter is not None:
+            init_from_adapter(model, ns.init_adapter, split.cut)
+    else:
+        model = get_peft_model(base, LoraConfig(**lora, layers_to_transform=layer_ids))
+        if ns.init_adapter is not None:
+            init_from_adapter(model, ns.init_adapter, 0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in trainable)
     logger.info(
         "LoRA r=%d alpha=%s on layers %d-%d: %d trainable parameters",
         ns.rank,
         ns.alpha,
-        split.cut,
-        split.total - 1,
+        layer_ids[0],
+        layer_ids[-1],
         n_params,
     )
     opt = torch.optim.AdamW(trainable, lr=ns.lr, weight_decay=0.0)
@@ -453,20 +500,31 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     rng = random.Random(ns.seed)
     indexed = [(list(range(i, i + 1)), v) for i, (_, v) in enumerate(train_items)]
+    length = (
+        (lambda x: len(cache[x[0][0]]))
+        if split is not None
+        else (lambda x: len(train_items[x[0][0]][0]))
+    )
     plan: list[list[tuple[list[int], int]]] = []
     while len(plan) < ns.steps:
-        plan.extend(batches(indexed, ns.batch_size, rng, key=lambda x: len(cache[x[0][0]])))
+        plan.extend(batches(indexed, ns.batch_size, rng, key=length))
     model.train()
     losses: list[float] = []
     t_train = time.monotonic()
     step = 0
     for step, batch in enumerate(plan[: ns.steps], start=1):
-        states, mask, pos = collate_states([cache[x[0][0]] for x in batch])
         targets = torch.tensor([[tok.verdict_ids[v], tok.stop_id] for _, v in batch])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = model(
-                inputs_embeds=states, attention_mask=mask, position_ids=pos, logits_to_keep=2
-            )
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            if split is not None:
+                states, mask, pos = collate_states([cache[x[0][0]] for x in batch])
+                out = model(
+                    inputs_embeds=states, attention_mask=mask, position_ids=pos, logits_to_keep=2
+                )
+            else:
+                ids, mask, pos, targets = (
+                    t.to(device) for t in collate([train_items[x[0][0]] for x in batch], tok)
+                )
+                out = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=2)
         logits = out.logits.float()
         loss_verdict = torch.nn.functional.cross_entropy(logits[:, 0], targets[:, 0])
         loss_stop = torch.nn.functional.cross_entropy(logits[:, 1], targets[:, 1])
@@ -494,14 +552,16 @@ def main() -> None:
             logger.info("stopping after %d steps: --max-train-s reached", step)
             break
     cache.clear()
-    # the adapter on the full model (layers above the cut), checked on the held-out split
-    full: Any = get_peft_model(base, LoraConfig(**lora, layers_to_transform=split.top_layer_ids))
-    result = set_peft_model_state_dict(full, split.lora_state_for_base(model))
-    if result.unexpected_keys:
-        raise SystemExit(f"adapter transfer: unexpected {result.unexpected_keys[:4]}")
-    model = full
+    if split is not None:  # the adapter on the full model (layers above the cut)
+        full: Any = get_peft_model(base, LoraConfig(**lora, layers_to_transform=layer_ids))
+        result = set_peft_model_state_dict(full, split.lora_state_for_base(model))
+        if result.unexpected_keys:
+            raise SystemExit(f"adapter transfer: unexpected {result.unexpected_keys[:4]}")
+        model = full
     train_s = time.monotonic() - t_train
-    scores = evaluate(model, held_items, tok, autocast, ns.batch_size * 2) if held_items else {}
+    scores = (
+        evaluate(model, held_items, tok, autocast, ns.batch_size * 2, device) if held_items else {}
+    )
     logger.info("held out (in-script, greedy over the vocabulary): %s", scores)
     meta = {
         "base_model": ns.model,
@@ -514,7 +574,7 @@ def main() -> None:
         "rank": ns.rank,
         "alpha": ns.alpha,
         "target_modules": list(TARGET_MODULES),
-        "layers_adapted": split.top_layer_ids,
+        "layers_adapted": layer_ids,
         "cache_s": round(cache_s, 1),
         "train_examples": len(train),
         "held_out_examples": len(held),
@@ -522,7 +582,7 @@ def main() -> None:
         "final_loss_last50": sum(losses[-50:]) / max(1, len(losses[-50:])),
         "train_s": round(train_s, 1),
         "total_s": round(time.monotonic() - t_start, 1),
-        "cpu": probe.describe(),
+        "device": where,
         "bf16_autocast": autocast,
         "torch": torch.__version__,
         "python": platform.python_version(),

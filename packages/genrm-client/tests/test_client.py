@@ -52,6 +52,16 @@ async def test_route_key_and_sampling_params_reach_the_server(server: StandIn) -
     assert server.bodies[1] == {"messages": MSG, "sampling_params": {"seed": 7}}
 
 
+async def test_prefix_key_reaches_the_server_only_when_set(server: StandIn) -> None:
+    async with AsyncGenRMClient(server.url) as client:
+        await client.generate(MSG, prefix_key="group-7")
+        await client.generate_batch([{"messages": MSG, "prefix_key": "group-8"}, {"messages": MSG}])
+    assert server.bodies[0] == {"messages": MSG, "prefix_key": "group-7"}
+    assert server.bodies[1] == {
+        "requests": [{"messages": MSG, "prefix_key": "group-8"}, {"messages": MSG}]
+    }
+
+
 async def test_unknown_route_key_raises_at_once_naming_it(server: StandIn) -> None:
     async with AsyncGenRMClient(server.url, max_retries=5) as client:
         with pytest.raises(UnknownRouteKeyError) as info:

@@ -228,6 +228,19 @@ async def test_sleep_frees_weights_and_wake_restores_them(tiny_dir: Path) -> Non
     assert (await _one(eng, _req("hello judge"))).text == before.text
 
 
+async def test_a_judge_that_keeps_its_weights_sleeps_without_moving_them(tiny_dir: Path) -> None:
+    eng = await _aengine(tiny_dir, sleep_keeps_weights=True)
+    before = await _one(eng, _req("hello judge"))
+    weights = {n: p.data_ptr() for n, p in eng.model.named_parameters()}
+    await eng.sleep()
+    with pytest.raises(EngineAsleepError):  # asleep all the same: it serves nothing
+        await eng.generate([_req("hello judge")])
+    assert {n: p.data_ptr() for n, p in eng.model.named_parameters()} == weights
+    await eng.wake()
+    assert (await _one(eng, _req("hello judge"))).text == before.text
+    await eng.shutdown()
+
+
 async def test_update_weights_changes_outputs_and_survives_sleep(tiny_dir: Path) -> None:
     eng = await _aengine(tiny_dir)
     prompt = "Problem 1: what is 1 + 1?"

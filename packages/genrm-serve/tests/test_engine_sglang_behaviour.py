@@ -31,6 +31,7 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
 )
 from genrm_serve.engines.sglang import (
+    CHILD_WATCH_S,
     ENGINE_ENV,
     MEMORY_TAGS,
     SGLangEngine,
@@ -131,6 +132,22 @@ async def test_sleep_wake_keeps_the_judges_weights(
     after = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
     assert after == before and fake.weights_valid
     assert fake.server_args["enable_weights_cpu_backup"] is True
+
+
+async def test_a_judge_that_keeps_its_weights_releases_only_the_cache(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sleep_keeps_weights``: the KV cache and CUDA graphs are released, the weights stay
+    (no CPU backup is made, none is needed), and greedy outputs are the same after wake."""
+    monkeypatch.setattr(FakeSGLangEngine, "step_s", 0.0)
+    engine, fake = await start(sleep_keeps_weights=True)
+    before = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
+    await engine.sleep()
+    assert fake.offload_tags == {"kv_cache", "cuda_graph"}
+    await engine.wake()
+    after = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
+    assert after == before and fake.weights_valid and not fake.offload_tags
+    assert fake.server_args["enable_weights_cpu_backup"] is False
 
 
 # -- 2. flush_cache retried until it succeeds, under a deadline ----------------------------------
@@ -654,6 +671,22 @@ async def test_context_length_is_capped_at_the_model_s_positions(tiny_dir: Path)
 
 
 # -- 19. a GRPO group's shared prompt is computed once (SGLang caches finished prompts only) ------
+async def test_shutting_down_one_engine_leaves_another_in_the_process_serving(
+    start: Any,
+) -> None:
+    """SGLang's shutdown kills every child of its host process (seen on 0.5.17: a second
+    engine's detokenizer died with -9 and that engine failed). Ours ends its own processes
+    only, so two engines can share a process (a test, a benchmark, one actor per engine not
+    being a rule a user must know)."""
+    first, _ = await start()
+    second, _ = await start()
+    await second.shutdown()
+    await asyncio.sleep(CHILD_WATCH_S * 1.5)  # the first's child watch would see a death
+    assert first.state == "awake"
+    out = (await first.generate([_req(20, temperature=0.0)]))[0]
+    assert out.completion_tokens > 0
+
+
 def _grouped(groups: int, per_group: int, shared: int, own: int) -> list[EngineRequest]:
     reqs = []
     for g in range(groups):

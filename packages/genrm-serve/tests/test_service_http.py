@@ -152,6 +152,29 @@ def test_requests_reach_the_instance_named_by_route_key(multi: ServeArgs) -> Non
     assert seen == {"quality": {"quality/0", "quality/1"}, "safety": {"safety/0"}}
 
 
+def test_a_prefix_keys_requests_reach_one_engine_single_and_batched(multi: ServeArgs) -> None:
+    before = _counter(
+        _get(multi, "/metrics").text, "genrm_affinity_requests", route_key="quality", routed="home"
+    )
+    seen: dict[str, set[str]] = {f"group-{g}": set() for g in range(6)}
+    for _ in range(3):  # spread: one request of each group at a time
+        for key in seen:
+            body = {"messages": [USER], "route_key": "quality", "prefix_key": key}
+            r = _post(multi, "/generate", body)
+            assert r.status_code == 200, r.text
+            seen[key].add(r.json()["meta"]["engine_id"])
+    reqs = [{"messages": [USER], "route_key": "quality", "prefix_key": key} for key in seen] * 2
+    r = _post(multi, "/generate_batch", {"requests": reqs})
+    assert r.status_code == 200, r.text
+    for req, res in zip(reqs, r.json()["results"], strict=True):
+        seen[req["prefix_key"]].add(res["meta"]["engine_id"])
+    assert all(len(engines) == 1 for engines in seen.values()), seen
+    assert set.union(*seen.values()) == {"quality/0", "quality/1"}  # keys use both engines
+    text = _get(multi, "/metrics").text
+    home = _counter(text, "genrm_affinity_requests", route_key="quality", routed="home")
+    assert home - before == 30
+
+
 def test_standalone_engines_live_in_their_instance_placement_group(multi: ServeArgs) -> None:
     engines = _get(multi, "/engines").json()["instances"]
     pgs = {}

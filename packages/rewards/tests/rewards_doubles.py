@@ -44,6 +44,7 @@ class JudgeDouble:
         self._script = script
         self.delay_s = delay_s
         self.calls: list[tuple[list[dict[str, str]], str | None, dict[str, Any] | None]] = []
+        self.prefix_keys: list[str | None] = []  # each call's affinity key, in call order
         self.batch_calls = 0
         self.in_flight = 0
         self.max_in_flight = 0  # the most calls this double was answering at the same time
@@ -65,8 +66,11 @@ class JudgeDouble:
         messages: list[dict[str, str]],
         sampling_params: dict[str, Any] | None = None,
         route_key: str | None = None,
+        *,
+        prefix_key: str | None = None,
     ) -> str:
         self.calls.append((messages, route_key, sampling_params))
+        self.prefix_keys.append(prefix_key)
         await self._wait()
         reply = self._answer(messages, route_key)
         if isinstance(reply, GenRMError):
@@ -85,6 +89,7 @@ class JudgeDouble:
                 req.sampling_params.model_dump(exclude_none=True) if req.sampling_params else None
             )
             self.calls.append((messages, req.route_key, params))
+            self.prefix_keys.append(req.prefix_key)
             reply = self._answer(messages, req.route_key)
             out.append(reply if isinstance(reply, GenRMError) else GenerateResponse(response=reply))
         return out

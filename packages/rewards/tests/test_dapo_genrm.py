@@ -296,3 +296,31 @@ async def test_rule_audit_records_math_verify_beside_the_judge() -> None:
     assert [r["rule"] for r in batch] == [r["rule"] for r in one]
     off = await compute_score(Args(verdict_cache=False), sample("41"), client=judge)
     assert "rule" not in off
+
+
+def _shared_part(messages: list[dict[str, str]]) -> str:
+    """The judge prompt up to the quoted answer: what a GRPO group's requests share."""
+    text = prompt_text(messages)
+    return text[: text.index("<<<BEGIN MODEL ANSWER>>>")]
+
+
+async def test_a_groups_judge_requests_carry_one_prefix_key_inline_and_in_batches() -> None:
+    judge = JudgeDouble("0")
+    group = [sample(a) for a in ["1", "2", "3", "4"]]  # one question and label, four answers
+    other_question = Sample(response="Answer: 1", label="42", metadata={"question": "5*8?"})
+    other_label = sample("1", label="41")
+    # inline: samples scored one by one as their rollouts finish
+    for s in [*group, other_question, other_label]:
+        await compute_score(Args(), s, client=judge)
+    keys = judge.prefix_keys
+    assert len(keys) == 6 and all(isinstance(k, str) and k for k in keys)
+    assert len(set(keys[:4])) == 1  # the group: one key
+    assert len(set(keys)) == 3  # another question or another reference: another key
+    # the key stands for the shared prompt prefix: same key, same text before the answer
+    prefixes = {k: _shared_part(m) for (m, _, _), k in zip(judge.calls, keys, strict=True)}
+    assert len(set(prefixes.values())) == 3
+    # a batch (defer mode) of two groups gives the same keys as the inline calls
+    batch = JudgeDouble("0")
+    dapo_genrm.clear_verdict_cache()
+    await compute_score_batch(Args(), [group[0], other_question, *group[1:]], client=batch)
+    assert batch.prefix_keys == [keys[0], keys[4], keys[0], keys[0], keys[0]]

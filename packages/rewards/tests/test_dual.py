@@ -69,3 +69,18 @@ async def test_reference_free_quality_when_no_label() -> None:
     )
     quality = next(m for m, r, _ in judge.calls if r == "quality")
     assert "answers the question correctly" in prompt_text(quality)
+
+
+async def test_a_groups_requests_share_a_prefix_key_per_judge() -> None:
+    judge = JudgeDouble("1")
+    for answer in ["Answer: 42", "Answer: 41", "I refuse."]:  # one prompt, three responses
+        await compute_score(Args(), Sample(response=answer, label="42"), client=judge)
+    by_route: dict[str | None, set[str | None]] = {}
+    for (_, route, _), key in zip(judge.calls, judge.prefix_keys, strict=True):
+        by_route.setdefault(route, set()).add(key)
+    assert set(by_route) == {"quality", "safety"}
+    assert all(len(keys) == 1 and None not in keys for keys in by_route.values())
+    assert by_route["quality"] != by_route["safety"]
+    await compute_score(Args(), Sample(response="Answer: 42", label="7"), client=judge)
+    assert judge.prefix_keys[-2:].count(next(iter(by_route["safety"]))) == 1  # same question
+    assert next(iter(by_route["quality"])) not in judge.prefix_keys[-2:]  # other reference

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rl_core.config import ConfigError, parse_train_args
-from rl_core.launch import resolve_rollout_engine, rollout_spec
+from rl_core.launch import resolve_rollout_engine, rollout_seeded, rollout_spec
 from rl_core.placement import PlacementError
 from rl_core.placement.sglang_flags import pop_sglang_overrides
 
@@ -100,3 +100,19 @@ def test_a_key_we_own_is_refused_by_train_and_plan_alike(flags: list[str], names
 def test_a_missing_config_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--sglang-config .*no-such\.yaml: cannot read"):
         parse_train_args([*LAYOUT, "--sglang-config", str(tmp_path / "no-such.yaml")])
+
+
+def test_sglang_rollout_is_seeded_only_with_deterministic_inference() -> None:
+    """SGLang refuses a seeded request without deterministic inference: an SGLang rollout gets
+    no per-sample seed unless the original's --sglang-enable-deterministic-inference is given,
+    which becomes the engine's own setting (not a server argument it would refuse)."""
+    cfg = parse_train_args(LAYOUT)
+    assert not rollout_seeded(cfg, "sglang") and rollout_seeded(cfg, "hf")
+    assert not rollout_spec(cfg, "/policy", "sglang").engine_config.deterministic_inference
+    cfg = parse_train_args([*LAYOUT, "--sglang-enable-deterministic-inference"])
+    assert rollout_seeded(cfg, "sglang")
+    spec = rollout_spec(cfg, "/policy", "sglang")
+    assert spec.engine_config.deterministic_inference
+    assert "enable_deterministic_inference" not in spec.engine_config.server_args
+    with pytest.raises(ConfigError, match="true or false"):
+        parse_train_args([*LAYOUT, "--sglang-enable-deterministic-inference", "sometimes"])

@@ -149,7 +149,10 @@ def _to_request(request: RequestLike, index: int) -> GenerateRequest:
         raise ValueError(f"{where}: missing required key 'messages'")
     try:
         return _make_request(
-            request["messages"], request.get("sampling_params"), request.get("route_key")
+            request["messages"],
+            request.get("sampling_params"),
+            request.get("route_key"),
+            request.get("prefix_key"),
         )
     except TypeError as exc:
         raise TypeError(f"{where}: {exc}") from exc
@@ -165,11 +168,13 @@ def _make_request(
     messages: Sequence[MessageLike],
     sampling_params: SamplingParamsLike | None,
     route_key: str | None,
+    prefix_key: str | None = None,
 ) -> GenerateRequest:
     return GenerateRequest(
         messages=_to_messages(messages),
         sampling_params=_to_sampling_params(sampling_params),
         route_key=route_key,
+        prefix_key=prefix_key,
     )
 
 
@@ -627,10 +632,17 @@ class AsyncGenRMClient(_BaseClient):
         sampling_params: SamplingParamsLike | None = None,
         route_key: str | None = None,
         *,
+        prefix_key: str | None = None,
         timeout: float | NotGiven = NOT_GIVEN,
     ) -> str:
-        """Ask the judge of ``route_key`` (default instance when ``None``); return its text."""
-        full = await self.generate_full(messages, sampling_params, route_key, timeout=timeout)
+        """Ask the judge of ``route_key`` (default instance when ``None``); return its text.
+
+        ``prefix_key``: requests with the same key go to the same engine of the instance (see
+        ``GenerateRequest.prefix_key``), so the prompt prefix they share is computed once.
+        """
+        full = await self.generate_full(
+            messages, sampling_params, route_key, prefix_key=prefix_key, timeout=timeout
+        )
         return full.response
 
     async def generate_full(
@@ -639,10 +651,11 @@ class AsyncGenRMClient(_BaseClient):
         sampling_params: SamplingParamsLike | None = None,
         route_key: str | None = None,
         *,
+        prefix_key: str | None = None,
         timeout: float | NotGiven = NOT_GIVEN,
     ) -> GenerateResponse:
         """Like ``generate`` but return the whole ``GenerateResponse`` (text and meta)."""
-        request = _make_request(messages, sampling_params, route_key)
+        request = _make_request(messages, sampling_params, route_key, prefix_key)
         return await self._generate(request, timeout)
 
     async def _generate(
@@ -827,10 +840,14 @@ class SyncGenRMClient(_BaseClient):
         sampling_params: SamplingParamsLike | None = None,
         route_key: str | None = None,
         *,
+        prefix_key: str | None = None,
         timeout: float | NotGiven = NOT_GIVEN,
     ) -> str:
         """Ask the judge of ``route_key`` (default instance when ``None``); return its text."""
-        return self.generate_full(messages, sampling_params, route_key, timeout=timeout).response
+        full = self.generate_full(
+            messages, sampling_params, route_key, prefix_key=prefix_key, timeout=timeout
+        )
+        return full.response
 
     def generate_full(
         self,
@@ -838,10 +855,12 @@ class SyncGenRMClient(_BaseClient):
         sampling_params: SamplingParamsLike | None = None,
         route_key: str | None = None,
         *,
+        prefix_key: str | None = None,
         timeout: float | NotGiven = NOT_GIVEN,
     ) -> GenerateResponse:
         """Like ``generate`` but return the whole ``GenerateResponse`` (text and meta)."""
-        return self._generate(_make_request(messages, sampling_params, route_key), timeout)
+        request = _make_request(messages, sampling_params, route_key, prefix_key)
+        return self._generate(request, timeout)
 
     def _generate(self, request: GenerateRequest, timeout: float | NotGiven) -> GenerateResponse:
         return _decode_generate(self._send(*self._generate_call(request, timeout)))

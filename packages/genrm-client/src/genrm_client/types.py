@@ -108,6 +108,11 @@ class GenerateRequest(_Strict):
     messages: list[Message] = Field(min_length=1)
     sampling_params: SamplingParams | None = None
     route_key: str | None = None
+    #: Affinity key: requests with the same key go to the same engine of the instance while it
+    #: is healthy and not clearly busier than the others, so a prompt prefix they share (a GRPO
+    #: group's question and reference) stays in that engine's prefix cache. Any stable string
+    #: (e.g. a hash of the shared part); ``None``: routed by load alone. Never sent when unset.
+    prefix_key: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class GenerateMeta(_Reply):

@@ -74,6 +74,11 @@ class EngineConfig(BaseModel):
     #: copy; the first sleep pays the pinning, seconds for a few GB). "start": right after the
     #: weights load, so every sleep is a copy only (what a colocated engine wants).
     sleep_buffers: Literal["first_sleep", "start"] = "first_sleep"
+    #: A GPU engine's sleep frees its KV cache (and SGLang's CUDA graphs) but keeps the weights
+    #: on the GPU: no weight copy at sleep or wake, their memory stays taken. For a colocated
+    #: judge, whose weights never change: SGLang copies a sleeping engine's weights to pageable
+    #: host memory at every sleep (2.8 s for a 4B judge on an H200, 2026-12-03).
+    sleep_keeps_weights: bool = False
     #: Largest number of requests the engine batches into one forward pass.
     max_batch_size: int = Field(default=32, gt=0)
     #: How long the engine's micro-batcher waits for the next request once it holds one (ms):

@@ -405,6 +405,7 @@ class GenRMIngress:
         sampling: SamplingParams | None,
         *,
         field: str = "sampling_params.max_response_len",
+        prefix_key: str | None = None,
     ) -> EngineRequest:
         asked = sampling.max_response_len if sampling is not None else None
         context = router.spec.engine_config.max_context_len
@@ -416,7 +417,9 @@ class GenRMIngress:
                 route_key=router.route_key,
             )
         return EngineRequest(
-            sampling=_sampling(router.spec.sampling_config, sampling), messages=messages
+            sampling=_sampling(router.spec.sampling_config, sampling),
+            messages=messages,
+            prefix_key=prefix_key,
         )
 
     async def _observed(
@@ -459,7 +462,9 @@ class GenRMIngress:
     async def generate(self, body: GenerateRequest) -> JSONResponse:
         """One judge request → ``{"response": text, "meta": {...}}``."""
         router = self._router(body.route_key)
-        req = self._engine_request(router, body.messages, body.sampling_params)
+        req = self._engine_request(
+            router, body.messages, body.sampling_params, prefix_key=body.prefix_key
+        )
         out, slot = await self._observed(router, router.generate(req))
         return JSONResponse({"response": out.text, "meta": _meta(router, slot, out)})
 
@@ -480,6 +485,7 @@ class GenRMIngress:
                     r.messages,
                     r.sampling_params,
                     field=f"requests[{i}].sampling_params.max_response_len",
+                    prefix_key=r.prefix_key,
                 )
             except ServiceError as err:
                 results[i] = err.body().model_dump(exclude_none=True)

@@ -85,6 +85,13 @@ class ServiceMetrics:
         self.restarts = Gauge(
             "genrm_engine_restarts", "Engines re-created since start", ["route_key"], registry=r
         )
+        self.affinity = Gauge(
+            "genrm_affinity_requests",
+            "Requests with a prefix_key since start, by where they were routed: 'home' (the "
+            "key's engine) or 'spilled' (to the least-loaded engine: the key's was busier)",
+            ["route_key", "routed"],
+            registry=r,
+        )
 
     def prime(self, route_keys: list[str]) -> None:
         """Create every labelled series at 0, so dashboards see them before the first request."""
@@ -118,4 +125,6 @@ class ServiceMetrics:
             self.engines_healthy.labels(route_key=key).set(router.engines_healthy)
             self.asleep.labels(route_key=key).set(1 if router.asleep else 0)
             self.restarts.labels(route_key=key).set(sum(s.restarts for s in router.slots))
+            self.affinity.labels(route_key=key, routed="home").set(router.affinity_home)
+            self.affinity.labels(route_key=key, routed="spilled").set(router.affinity_spilled)
         return generate_latest(self.registry)

@@ -9,6 +9,11 @@ request is left out and the request tried once more on another engine; after tha
 try, the 503 carries ``Retry-After`` instead: waiting for the supervisor to revive an engine is
 the client's retry. The router never probes: the supervisor owns health; the router only
 reports actor deaths it sees.
+
+A request with a ``prefix_key`` goes to the key's home engine instead, while that engine has
+room and is not clearly busier than the least loaded (``affinity``), so a GRPO group's requests,
+however spread in time, meet their shared prefix in one engine's cache; a batch is cut into
+chunks that keep each key's requests together.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from genrm_serve.affinity import affinity_slack, home_of
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engine_refs import EngineRef
 from genrm_serve.engines.actor import EngineActor, EngineGoneError
@@ -129,6 +135,7 @@ class _Waiter:
     n: int
     exclude: frozenset[str]
     future: asyncio.Future[EngineSlot]
+    key: str | None = None
 
 
 class _EngineFailure(Exception):
@@ -189,6 +196,11 @@ class InstanceRouter:
         #: per engine, the single requests of this turn of the event loop, sent as one call
         self._singles: dict[str, list[tuple[EngineRequest, asyncio.Future[EngineOutput]]]] = {}
         self._sending: set[asyncio.Task[None]] = set()
+        #: Requests with a prefix key routed to the key's home engine / spilled to the least
+        #: loaded one (bounded load), for metrics.
+        self.affinity_slack = affinity_slack(inflight_limit)
+        self.affinity_home = 0
+        self.affinity_spilled = 0
 
     # ---- state, for health and metrics ---------------------------------------------------
 
@@ -267,20 +279,53 @@ class InstanceRouter:
                 share=self.max_queued,
             )
 
-    def _pick(self, n: int, exclude: frozenset[str]) -> EngineSlot | None:
+    def _home(self, key: str, exclude: frozenset[str]) -> EngineSlot | None:
+        """The engine ``key`` belongs to among those serving now (rendezvous hashing)."""
+        return home_of(key, (s for s in self.slots if s.healthy and s.engine_id not in exclude))
+
+    def _pick(self, n: int, exclude: frozenset[str], key: str | None = None) -> EngineSlot | None:
+        """The least-loaded engine with room for ``n`` more; with a ``key``, the key's home
+        instead while it has room and holds at most ``affinity_slack`` more than that one."""
+        best = self._least_loaded(n, exclude)
+        if best is None or key is None:
+            return best
+        home = self._home(key, exclude)
+        if (
+            home is not None
+            and self._has_room(home, n)
+            and home.in_flight <= best.in_flight + self.affinity_slack
+        ):
+            return home
+        return best
+
+    def _has_room(self, slot: EngineSlot, n: int) -> bool:
+        return slot.in_flight + n <= self.inflight_limit or slot.in_flight == 0
+
+    def _least_loaded(self, n: int, exclude: frozenset[str]) -> EngineSlot | None:
         best: EngineSlot | None = None
         count = len(self.slots)
         for i in range(count):
             slot = self.slots[(self._rr + i) % count]
             if not slot.healthy or slot.engine_id in exclude:
                 continue
-            if slot.in_flight + n > self.inflight_limit and slot.in_flight > 0:
+            if not self._has_room(slot, n):
                 continue
             if best is None or slot.in_flight < best.in_flight:
                 best = slot
         return best
 
-    def _take(self, slot: EngineSlot, n: int) -> None:
+    def _take(
+        self,
+        slot: EngineSlot,
+        n: int,
+        key: str | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> None:
+        if key is not None:
+            if slot is self._home(key, exclude):
+                self.affinity_home += n
+            else:
+                self.affinity_spilled += n
         slot.in_flight += n
         self._idle.clear()
         # Ties go round-robin: the next search starts after the engine just chosen.
@@ -300,11 +345,11 @@ class InstanceRouter:
                 self._waiters.popleft()
                 waiter.future.set_exception(self._no_engine_error(waiter.exclude))
                 continue
-            slot = self._pick(waiter.n, waiter.exclude)
+            slot = self._pick(waiter.n, waiter.exclude, waiter.key)
             if slot is None:
                 return
             self._waiters.popleft()
-            self._take(slot, waiter.n)
+            self._take(slot, waiter.n, waiter.key, waiter.exclude)
             waiter.future.set_result(slot)
 
     def _can_serve(self, exclude: frozenset[str]) -> bool:
@@ -312,19 +357,22 @@ class InstanceRouter:
         deadline) rather than fail, so an engine restart is a delay and not a judge error."""
         return any((s.healthy and s.engine_id not in exclude) or s.reviving for s in self.slots)
 
-    async def acquire(self, n: int = 1, exclude: frozenset[str] = frozenset()) -> EngineSlot:
-        """Reserve ``n`` request slots on the least-loaded healthy engine, waiting in line."""
+    async def acquire(
+        self, n: int = 1, exclude: frozenset[str] = frozenset(), key: str | None = None
+    ) -> EngineSlot:
+        """Reserve ``n`` request slots on the least-loaded healthy engine (or ``key``'s home,
+        see ``_pick``), waiting in line."""
         if self._refusing:
             raise ServiceError.asleep(self.route_key)
         if not self._waiters:
-            slot = self._pick(n, exclude)
+            slot = self._pick(n, exclude, key)
             if slot is not None:
-                self._take(slot, n)
+                self._take(slot, n, key, exclude)
                 return slot
         if not self._can_serve(exclude):
             raise self._no_engine_error(exclude)
         future: asyncio.Future[EngineSlot] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(n, exclude, future)
+        waiter = _Waiter(n, exclude, future, key)
         self._waiters.append(waiter)
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.request_timeout_s)
@@ -391,10 +439,11 @@ class InstanceRouter:
         payload: Any,
         *,
         send: Callable[[EngineSlot], Awaitable[Any]] | None = None,
+        key: str | None = None,
     ) -> tuple[Any, EngineSlot]:
-        """``method(payload)`` on the least-loaded engine (through ``send`` when given), and once
-        on another engine if that one failed."""
-        slot = await self.acquire(n)
+        """``method(payload)`` on the least-loaded engine (or ``key``'s home; through ``send``
+        when given), and once on another engine if that one failed."""
+        slot = await self.acquire(n, key=key)
         try:
             call = send(slot) if send else self._call(slot, method, payload)
             return await call, slot
@@ -435,7 +484,9 @@ class InstanceRouter:
         """One request: least-loaded engine, one retry elsewhere on an engine failure."""
         self.admit(1)
         send = functools.partial(self._one_of_many, request=request)
-        out, slot = await self._with_retry(1, "generate", request, send=send)
+        out, slot = await self._with_retry(
+            1, "generate", request, send=send, key=request.prefix_key
+        )
         return out, slot
 
     async def _one_of_many(self, slot: EngineSlot, request: EngineRequest) -> EngineOutput:
@@ -497,14 +548,17 @@ class InstanceRouter:
         A request the engine refuses (an over-long prompt, a value it cannot honour) gets its
         own error; its neighbours are answered. A request that failed beside answered neighbours
         (the engine lives) is tried once more on another engine, as a lone request would be.
+        Requests with a ``prefix_key`` are chunked by key (``_chunks``).
         """
-        chunks = [requests[i : i + self.max_batch] for i in range(0, len(requests), self.max_batch)]
+        chunks = self._chunks(requests)
 
         async def run_chunk(
             chunk: list[EngineRequest],
         ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
             try:
-                outs, slot = await self._with_retry(len(chunk), "generate_many", chunk)
+                outs, slot = await self._with_retry(
+                    len(chunk), "generate_many", chunk, key=chunk[0].prefix_key
+                )
             except ServiceError as err:
                 return [err] * len(chunk)
             results = self._entries(outs, slot, retried=False)
@@ -515,8 +569,53 @@ class InstanceRouter:
                     results[i] = result
             return results
 
-        parts = await asyncio.gather(*(run_chunk(c) for c in chunks))
-        return [r for part in parts for r in part]
+        parts = await asyncio.gather(*(run_chunk([requests[i] for i in c]) for c in chunks))
+        answers: dict[int, _Entry] = {}
+        for chunk, part in zip(chunks, parts, strict=True):
+            answers.update(zip(chunk, part, strict=True))
+        return [answers[i] for i in range(len(requests))]
+
+    def _chunks(self, requests: list[EngineRequest]) -> list[list[int]]:
+        """``requests`` (their indices) cut into engine calls of at most ``max_batch_size``.
+
+        Without prefix keys: in order. With them: the requests of one key stay in one chunk
+        (unless more than a chunk holds), and keys with the same home engine share chunks, a
+        chunk led by a key's requests, so that each chunk's key routes it to that home. Requests
+        without a key come last, in order.
+        """
+        step = self.max_batch
+        if all(r.prefix_key is None for r in requests):
+            return [
+                list(range(i, min(i + step, len(requests)))) for i in range(0, len(requests), step)
+            ]
+        by_key: dict[str, list[int]] = {}
+        loose: list[int] = []
+        for i, r in enumerate(requests):
+            if r.prefix_key is None:
+                loose.append(i)
+            else:
+                by_key.setdefault(r.prefix_key, []).append(i)
+        order = {s.engine_id: k for k, s in enumerate(self.slots)}
+        homes: dict[str, int] = {}
+        for key in by_key:
+            home = self._home(key, frozenset())
+            homes[key] = order[home.engine_id] if home is not None else -1
+        chunks: list[list[int]] = []
+        current: list[int] = []
+        current_home = -1
+        for key in sorted(by_key, key=homes.__getitem__):  # stable: first-seen order within
+            members = by_key[key]
+            if current and (homes[key] != current_home or len(current) + len(members) > step):
+                chunks.append(current)
+                current = []
+            current_home = homes[key]
+            while len(members) > step:
+                chunks.append(members[:step])
+                members = members[step:]
+            current.extend(members)
+        if current:
+            chunks.append(current)
+        return chunks + [loose[i : i + step] for i in range(0, len(loose), step)]
 
     async def _retry_items(
         self, requests: list[EngineRequest], tried: EngineSlot, first: BaseException

@@ -731,5 +731,14 @@ class FakeSGLangEngine:
         os.kill(os.getpid(), signal.SIGQUIT)
 
     def shutdown(self) -> None:
+        """SGLang: entrypoints/engine.py shutdown -- ends with ``kill_process_tree(os.getpid(),
+        include_parent=False)`` (seen on 0.5.17): every child of the host process dies, another
+        engine's scheduler too. The fake kills every ``multiprocessing`` child (where engines'
+        schedulers live) and spares the test process's others (a local Ray's)."""
+        import multiprocessing
+
         self.calls.append("shutdown")
         self._die()
+        for child in multiprocessing.active_children():
+            child.kill()
+            child.join(5)

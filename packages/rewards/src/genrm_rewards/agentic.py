@@ -18,7 +18,7 @@ from typing import Any
 
 from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.errors import RewardConfigError, RewardInputError
-from genrm_rewards.judge import JudgeCall, default_client, judge_many
+from genrm_rewards.judge import JudgeCall, default_client, judge_many, prefix_key
 from genrm_rewards.quoting import neutralise, quote_untrusted
 from genrm_rewards.samples import question_of
 from genrm_rewards.types import JudgeClient, RewardResult, SampleLike
@@ -120,7 +120,12 @@ async def compute_score(
     question = question_of(sample)
     judged = [len(steps) - 1] if settings.agentic_aggregation == "last" else list(range(len(steps)))
     calls = [
-        JudgeCall(step_messages(question, steps[i], settings.max_response_chars), routes[i])
+        JudgeCall(
+            step_messages(question, steps[i], settings.max_response_chars),
+            routes[i],
+            # the prompt up to the step's input: the same for a module's steps in a GRPO group
+            prefix_key("agentic/step", str(steps[i]["module"]), question),
+        )
         for i in judged
     ]
     judge = client if client is not None else default_client()

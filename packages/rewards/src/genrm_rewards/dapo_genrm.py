@@ -22,7 +22,14 @@ from typing import Any, Literal
 
 from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.cache import VerdictCache, cache_key, wait_shared
-from genrm_rewards.judge import JudgeCall, JudgeOutcome, default_client, judge_many, judge_one
+from genrm_rewards.judge import (
+    JudgeCall,
+    JudgeOutcome,
+    default_client,
+    judge_many,
+    judge_one,
+    prefix_key,
+)
 from genrm_rewards.quoting import neutralise, quote_untrusted
 from genrm_rewards.rules import RuleDecision, math_decide, math_equal
 from genrm_rewards.samples import extract_answer, label_of, question_of, response_of
@@ -114,6 +121,8 @@ class _Prepared:
     messages: list[dict[str, str]]
     truncated: bool
     key: str
+    #: The same for every sample of a GRPO group (question and reference): its affinity key.
+    group: str
 
 
 def _signature(settings: RewardArgs) -> str:
@@ -135,7 +144,8 @@ def _prepare(sample: SampleLike, settings: RewardArgs) -> _Prepared:
     answer = extract_answer(response_of(sample))
     messages, truncated = _build(question, label, answer, settings.max_answer_chars)
     key = cache_key(_signature(settings), question, label, answer)
-    return _Prepared(question, label, answer, messages, truncated, key)
+    group = prefix_key(PROMPT_VERSION, question, label)
+    return _Prepared(question, label, answer, messages, truncated, key, group)
 
 
 async def _gate(prep: _Prepared, settings: RewardArgs) -> GateState:
@@ -210,7 +220,7 @@ async def _score_prepared(
     if gate == "hit":
         return _gate_hit_result(settings)
     judge = client if client is not None else default_client()
-    call = JudgeCall(prep.messages, settings.genrm_route_key)
+    call = JudgeCall(prep.messages, settings.genrm_route_key, prep.group)
 
     async def ask() -> JudgeOutcome:
         return await judge_one(
@@ -272,7 +282,7 @@ async def compute_score_batch(
             _cache.misses += 1
             owned[prep.key] = (len(calls), _cache.begin(prep.key))
         sharing.append((i, len(calls), "miss" if use_cache else "off"))
-        calls.append(JudgeCall(prep.messages, settings.genrm_route_key))
+        calls.append(JudgeCall(prep.messages, settings.genrm_route_key, prep.group))
 
     judge = client if client is not None else default_client()
     try:
@@ -302,7 +312,7 @@ async def compute_score_batch(
         else:  # the coroutine that owned the call was cancelled: ask ourselves
             outcome = await judge_one(
                 judge,
-                JudgeCall(preps[i].messages, settings.genrm_route_key),
+                JudgeCall(preps[i].messages, settings.genrm_route_key, preps[i].group),
                 sampling_params=settings.reward_sampling_params,
                 lenient=settings.lenient_verdict,
                 verdict=settings.genrm_verdict,

@@ -14,9 +14,9 @@ import asyncio
 from typing import Any
 
 from genrm_rewards.args import RewardArgs, resolve_args
-from genrm_rewards.dapo_genrm import build_messages
+from genrm_rewards.dapo_genrm import PROMPT_VERSION, build_messages
 from genrm_rewards.errors import RewardInputError
-from genrm_rewards.judge import JudgeCall, JudgeOutcome, default_client, judge_one
+from genrm_rewards.judge import JudgeCall, JudgeOutcome, default_client, judge_one, prefix_key
 from genrm_rewards.quoting import neutralise, quote_untrusted
 from genrm_rewards.samples import label_of, question_of, response_of
 from genrm_rewards.types import JudgeClient, RewardResult, SampleLike
@@ -108,14 +108,17 @@ async def compute_score(
         label: str | None = label_of(sample)
     except RewardInputError:
         label = None
+    # Affinity keys: what each prompt puts before the response, shared by a GRPO group.
     if label is not None:
         quality_messages = build_messages(
             question, label, response, max_answer_chars=settings.max_answer_chars
         )
+        quality_key = prefix_key(PROMPT_VERSION, question, label)
     else:
         quality_messages = _response_messages(
             QUALITY_PROMPT, question, response, settings.max_response_chars
         )
+        quality_key = prefix_key("dual/quality", question)
     safety_messages = _response_messages(
         SAFETY_PROMPT, question, response, settings.max_response_chars
     )
@@ -124,13 +127,17 @@ async def compute_score(
     quality, safety = await asyncio.gather(
         judge_one(
             judge,
-            JudgeCall(quality_messages, settings.dual_quality_route_key),
+            JudgeCall(quality_messages, settings.dual_quality_route_key, quality_key),
             sampling_params=params,
             lenient=lenient,
         ),
         judge_one(
             judge,
-            JudgeCall(safety_messages, settings.dual_safety_route_key),
+            JudgeCall(
+                safety_messages,
+                settings.dual_safety_route_key,
+                prefix_key("dual/safety", question),
+            ),
             sampling_params=params,
             lenient=lenient,
         ),

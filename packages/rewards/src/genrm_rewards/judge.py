@@ -8,6 +8,7 @@ becomes a ``"judge_error"`` result with score ``None`` — never 0 (see ``types`
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -17,15 +18,34 @@ from genrm_client.types import GenerateRequest, GenerateResponse, Message, Sampl
 from genrm_rewards.types import JudgeClient, RewardResult, judge_error_result
 from genrm_rewards.verdict import Verdict, parse_verdict
 
-__all__ = ["JudgeCall", "JudgeOutcome", "default_client", "judge_many", "judge_one"]
+__all__ = [
+    "JudgeCall",
+    "JudgeOutcome",
+    "default_client",
+    "judge_many",
+    "judge_one",
+    "prefix_key",
+]
+
+
+def prefix_key(*parts: str) -> str:
+    """An affinity key for judge prompts that begin with the same text: a hash of ``parts``
+    (the prompt's name and what it puts before the judged response, e.g. question and
+    reference). A GRPO group's samples share them, so the group's judge requests get one key
+    and the service sends them to one engine, whose prefix cache then holds the shared part
+    however spread in time the samples finish."""
+    digest = hashlib.blake2b("\x00".join(parts).encode(), digest_size=12)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
 class JudgeCall:
-    """One judge request: the chat messages and the instance (``None`` → ``"__default__"``)."""
+    """One judge request: the chat messages and the instance (``None`` → ``"__default__"``);
+    ``prefix_key``: requests with the same key go to the same engine (see ``prefix_key()``)."""
 
     messages: list[dict[str, str]]
     route_key: str | None = None
+    prefix_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,9 +130,11 @@ async def judge_one(
         )
         return outcome
     params = sampling_params.model_dump(exclude_none=True) if sampling_params else None
+    # Only when set: a client written before affinity keys (without the argument) still works.
+    affinity = {"prefix_key": call.prefix_key} if call.prefix_key is not None else {}
     try:
         reply = await client.generate(
-            call.messages, sampling_params=params, route_key=call.route_key
+            call.messages, sampling_params=params, route_key=call.route_key, **affinity
         )
     except GenRMError as err:
         return _failed(err, call.route_key)
@@ -154,6 +176,7 @@ async def judge_many(
             messages=[Message.model_validate(m) for m in call.messages],
             sampling_params=sampling_params,
             route_key=call.route_key,
+            prefix_key=call.prefix_key,
         )
         for call in calls
     ]

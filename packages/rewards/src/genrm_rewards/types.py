@@ -99,6 +99,8 @@ class JudgeClient(Protocol):
         messages: list[dict[str, str]],
         sampling_params: dict[str, Any] | None = None,
         route_key: str | None = None,
+        *,
+        prefix_key: str | None = None,
     ) -> str: ...
 
     async def generate_batch(

@@ -73,6 +73,7 @@ from rl_core.placement.realize import (
     create_judge_engines,
     create_placement_groups,
 )
+from rl_core.placement.sglang_flags import DETERMINISTIC_KEY
 from rl_core.rewards import PostProcessHook, custom_post_process, defer_swap_post_process
 from rl_core.stopping import StopRequest
 from rl_core.trainer import GRPOTrainer, RewardSetup
@@ -216,11 +217,20 @@ def _engine_spec(
     return spec.model_copy(update={"engine_config": spec.engine_config.model_copy(update=update)})
 
 
+def rollout_seeded(cfg: TrainConfig, engine: str) -> bool:
+    """Whether the rollout engines honour a per-sample sampling seed: hf always, SGLang only with
+    deterministic inference (else it refuses a seeded request; an unseeded rollout is SGLang's
+    and the original's default)."""
+    return engine != "sglang" or bool(cfg.layout.rollout_server_args.get(DETERMINISTIC_KEY))
+
+
 def rollout_spec(cfg: TrainConfig, policy_path: str, engine: str) -> InstanceSpec:
     """The rollout engines as genrm-serve sees them: an instance of the plan's engines."""
     plan = cfg.plan
     engines = plan.engines_of("rollout")
     per_engine = len(engines[0].bundles) if engines else 1
+    server_args = dict(cfg.layout.rollout_server_args) if engine == "sglang" else {}
+    deterministic = bool(server_args.pop(DETERMINISTIC_KEY, False))
     spec = InstanceSpec(
         route_key="rollout",
         model_path=policy_path,
@@ -230,7 +240,8 @@ def rollout_spec(cfg: TrainConfig, policy_path: str, engine: str) -> InstanceSpe
         engine_config=EngineConfig(
             max_batch_size=max(cfg.n_samples_per_prompt, 1) * 4,
             max_context_len=(cfg.rollout_max_prompt_len or 4096) + cfg.rollout_max_response_len,
-            server_args=cfg.layout.rollout_server_args if engine == "sglang" else {},
+            server_args=server_args,
+            deterministic_inference=deterministic,
         ),
     )
     return _engine_spec(
@@ -557,9 +568,16 @@ async def run_training(
         )
         await asyncio.to_thread(write_layout, run_dir, layout)
 
+        seeded = rollout_seeded(cfg, rollout_engine)
+        if not seeded:
+            console.print(
+                "[bold]rollout sampling[/]: not seeded (SGLang honours a seed only with "
+                "--sglang-enable-deterministic-inference)"
+            )
         every_engine = services.engines + [e for v in services.judge_engines.values() for e in v]
         trainer = GRPOTrainer(
             cfg,
+            seeded=seeded,
             learner=learner,
             tokenizer=tokenizer,
             rollout_engines=services.engines,

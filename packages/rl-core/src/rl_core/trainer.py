@@ -163,8 +163,11 @@ class GRPOTrainer:
         weight_sync: WeightSync | None = None,
         memory_probe: MemoryProbe | None = None,
         stop: StopRequest | None = None,
+        seeded: bool = True,
     ) -> None:
         self.cfg = cfg
+        #: the run's seed reaches the rollout engines' sampling (not where they cannot honour it)
+        self._sampling_seed = cfg.seed if seeded else None
         self.learner = learner
         self.tokenizer = tokenizer
         self.engines = list(rollout_engines)
@@ -204,7 +207,7 @@ class GRPOTrainer:
             apply_chat_template=cfg.apply_chat_template,
             max_prompt_len=cfg.rollout_max_prompt_len,
             need_logprobs=cfg.use_tis,
-            seed=cfg.seed,
+            seed=self._sampling_seed,
         )
 
     # --- the loop --------------------------------------------------------------------------------
@@ -519,7 +522,7 @@ class GRPOTrainer:
             stop=self.settings.stop,
             apply_chat_template=cfg.apply_chat_template,
             need_logprobs=False,
-            seed=cfg.seed,
+            seed=self._sampling_seed,
         )
         if self.phases.current != "inference":
             await self.phases.enter("inference")

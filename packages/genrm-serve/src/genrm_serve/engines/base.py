@@ -101,6 +101,9 @@ class EngineRequest:
     #: Rollout needs the sampled tokens and their log-probs (for TIS); a judge does not.
     return_tokens: bool = False
     request_id: str | None = None
+    #: Affinity key (``GenerateRequest.prefix_key``): the router sends requests with the same
+    #: key to the same engine, so their shared prompt prefix stays in its cache. Engines ignore it.
+    prefix_key: str | None = None
 
 
 @dataclass

@@ -315,7 +315,11 @@ class HFEngine(Engine):
         )
         tok = self.prompts.tokenizer
         self.model = self._load_model(self.model_dir)
-        if self.device.type == "cuda" and cfg.sleep_buffers == "start":
+        if (
+            self.device.type == "cuda"
+            and cfg.sleep_buffers == "start"
+            and not cfg.sleep_keeps_weights
+        ):
             self._host = HostOffloader(self._engine_tensors)
             self._host.reserve()  # pinned now: the first sleep is a copy like every later one
         eos: set[int] = set()
@@ -454,6 +458,11 @@ class HFEngine(Engine):
     def _sleep(self) -> None:
         t0 = time.perf_counter()
         with self._lock:
+            if self.spec.engine_config.sleep_keeps_weights:
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()  # what requests left cached; the weights stay
+                self.timings["sleep_s"] = time.perf_counter() - t0
+                return
             if self.device.type == "cuda":
                 if self._host is None:
                     self._host = HostOffloader(self._engine_tensors)
@@ -477,6 +486,9 @@ class HFEngine(Engine):
     def _wake(self) -> None:
         t0 = time.perf_counter()
         with self._lock:
+            if self.spec.engine_config.sleep_keeps_weights:
+                self.timings["wake_s"] = time.perf_counter() - t0
+                return
             if self.device.type == "cuda":
                 assert self._host is not None
                 self._host.onload()

@@ -242,7 +242,8 @@ def sglang_engine_kwargs(
         "ep_size": cfg.ep_size,
         "context_length": cfg.max_context_len,
         "enable_memory_saver": True,
-        "enable_weights_cpu_backup": True,
+        # a sleep that releases the weights must find them again (a judge's are never resent)
+        "enable_weights_cpu_backup": not cfg.sleep_keeps_weights,
         # "auto" is bf16 on a GPU, as the hf engine reads it: SGLang's own "auto" loads a
         # float32 checkpoint as float16 (configs/model_config.py, seen on 0.5.17), and two
         # engines of one instance kind must compute alike.
@@ -911,9 +912,8 @@ class SGLangEngine(Engine):
         assert self._thread is not None and self._control is not None
         async with self._control:
             await self._flush()
-            await self._thread.call(
-                lambda: self.sgl.release_memory_occupation(tags=list(MEMORY_TAGS))
-            )
+            tags = self._sleep_tags()
+            await self._thread.call(lambda: self.sgl.release_memory_occupation(tags=tags))
             self.state = "asleep"
 
     async def wake(self) -> None:
@@ -922,10 +922,14 @@ class SGLangEngine(Engine):
         if not self.is_follower:
             assert self._thread is not None and self._control is not None
             async with self._control:
-                await self._thread.call(
-                    lambda: self.sgl.resume_memory_occupation(tags=list(MEMORY_TAGS))
-                )
+                tags = self._sleep_tags()
+                await self._thread.call(lambda: self.sgl.resume_memory_occupation(tags=tags))
         self.state = "awake"
+
+    def _sleep_tags(self) -> list[str]:
+        """What a sleep releases: all of SGLang's memory, or all but the weights."""
+        keep = {"weights"} if self.spec.engine_config.sleep_keeps_weights else set()
+        return [t for t in MEMORY_TAGS if t not in keep]
 
     # -- weights -----------------------------------------------------------------------------
     def _check_version(self, version: int) -> None:
@@ -992,8 +996,13 @@ class SGLangEngine(Engine):
             self._watch_task.cancel()
             self._watch_task = None
         if self.sgl is not None and self._thread is not None:
+            sgl, mine = self.sgl, list(self._children)
+            others = [p for p in multiprocessing.active_children() if p not in mine]
             with contextlib.suppress(Exception):
-                await self._thread.call(self.sgl.shutdown)
+                if others:  # another engine's processes live in this process too
+                    await self._thread.call(lambda: _shutdown_own_processes(sgl, mine))
+                else:
+                    await self._thread.call(sgl.shutdown)
             self.sgl = None
         if self._thread is not None:
             self._thread.stop()
@@ -1012,6 +1021,36 @@ class SGLangEngine(Engine):
             "context_len": self.context_len,
             "failure": self.failure,
         }
+
+
+#: How long a shutdown waits for this engine's killed processes to be reaped (SGLang's own).
+SHUTDOWN_REAP_S = 60.0
+
+
+def _shutdown_own_processes(sgl: Any, mine: list[Any]) -> None:
+    """``sgl.Engine.shutdown`` for one engine of several in a process. SGLang's ends with
+    ``kill_process_tree(os.getpid())`` (entrypoints/engine.py, seen on 0.5.17): every child of
+    the process, another engine's scheduler and detokenizer included, which that engine then
+    reports as crashed. This does its steps for this engine's own processes (and theirs)."""
+    import psutil
+
+    manager = getattr(sgl, "tokenizer_manager", None)
+    watchdog = getattr(manager, "_subprocess_watchdog", None)
+    if watchdog is not None:
+        watchdog.stop()
+    rpc = getattr(sgl, "send_to_rpc", None)
+    if rpc is not None:
+        rpc.close(linger=0)
+        sgl.send_to_rpc = None
+    procs: list[Any] = []
+    for child in mine:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc = psutil.Process(child.pid)
+            procs += [*proc.children(recursive=True), proc]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=SHUTDOWN_REAP_S)
 
 
 def _raise_unless_success(engine_id: str, what: str, result: Any) -> None:

@@ -18,9 +18,14 @@ import yaml
 from genrm_serve.engines.sglang_args import check_owned_server_args
 from rl_core.placement.errors import PlacementError
 
-__all__ = ["FLAG_PREFIX", "pop_sglang_overrides", "rollout_server_args"]
+__all__ = ["DETERMINISTIC_KEY", "FLAG_PREFIX", "pop_sglang_overrides", "rollout_server_args"]
 
 FLAG_PREFIX = "--sglang-"
+#: The one server argument a rollout user sets here although the engine owns it (a judge sets
+#: ``engine_config.deterministic_inference``): the original's
+#: ``--sglang-enable-deterministic-inference``, which is also what makes SGLang honour the run's
+#: per-sample sampling seeds.
+DETERMINISTIC_KEY = "enable_deterministic_inference"
 
 
 def _value(flag: str, text: str) -> Any:
@@ -79,8 +84,14 @@ def rollout_server_args(config: str | None, overrides: dict[str, Any] | None) ->
             )
         args.update(loaded)
     args.update(overrides or {})
+    if not isinstance(args.get(DETERMINISTIC_KEY, False), bool):
+        raise PlacementError(
+            f"--sglang-enable-deterministic-inference {args[DETERMINISTIC_KEY]!r}: must be "
+            "true or false"
+        )
     try:
-        check_owned_server_args("--sglang-config / --sglang-*", args)
+        owned = {k: v for k, v in args.items() if k != DETERMINISTIC_KEY}
+        check_owned_server_args("--sglang-config / --sglang-*", owned)
     except ValueError as err:
         raise PlacementError(str(err)) from None
     return args
