@@ -24,6 +24,8 @@ def logical_gpu_cluster(*, dashboard: bool = False, **node: Any) -> Iterator[Clu
         head_node_args={
             **(node or NODE),
             "include_dashboard": dashboard,
+            # not Ray's default 8265 either: another cluster's dashboard may hold it
+            **({"dashboard_port": free_port()} if dashboard else {}),
             # not the agent's default 52365: another cluster on the machine may hold it, and
             # then this one's job and state requests go to (or fail at) that cluster's agent
             "dashboard_agent_listen_port": free_port(),
