@@ -34,6 +34,7 @@ from genrm_serve.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequest,
+    EngineTimeoutError,
     RequestRefusedError,
     engine_id_for,
 )
@@ -49,7 +50,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Longest a request may wait in this actor, queue included.
+#: Longest a request may wait in this actor, queue included, unless it carries less time left
+#: (``EngineRequest.timeout_s``: the router's deadline, less what it waited there).
 DEFAULT_REQUEST_TIMEOUT_S = limits.REQUEST_TIMEOUT_S
 #: Longest loading a model may take: the supervisor's deadline too (one constant, limits.py).
 DEFAULT_START_TIMEOUT_S = limits.ENGINE_START_TIMEOUT_S
@@ -353,15 +355,17 @@ class EngineWorker:
         return unit
 
     async def _wait(self, pending: _Pending) -> EngineOutput:
+        left = pending.request.timeout_s
+        timeout_s = self.request_timeout_s if left is None else min(left, self.request_timeout_s)
         try:
-            return await asyncio.wait_for(asyncio.shield(pending.future), self.request_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(pending.future), timeout_s)
         except asyncio.CancelledError:
             pending.future.cancel()
             raise
         except TimeoutError:
             pending.future.cancel()
-            raise EngineError(
-                f"engine {self.engine_id}: request timed out after {self.request_timeout_s} s"
+            raise EngineTimeoutError(
+                f"engine {self.engine_id}: request timed out after {timeout_s:.3g} s"
             ) from None
 
     def _fail_queued(self, error: Exception) -> None:
