@@ -539,3 +539,75 @@ async def test_a_shared_call_is_cancelled_only_when_all_its_callers_went_away(
     await asyncio.sleep(0.05)
     assert engine.cancelled == 1 and len(cancelled_refs) == 1  # the engine's work is called off
     assert r.in_flight == 0
+
+
+# ---- one deadline per request ----------------------------------------------------------------
+
+
+class _Gated:
+    """An engine actor's ``generate_many`` that answers "first" once ``gate`` opens and holds
+    every other request until cancelled; it notes the time left each request carried."""
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        self.gate = gate
+        self.carried: list[float | None] = []
+        self.generate_many = self
+
+    def remote(self, requests: list[EngineRequest], **kwargs: object) -> Awaitable[list[object]]:
+        self.carried.extend(r.timeout_s for r in requests)
+
+        async def run() -> list[object]:
+            if all(_text(r) == "first" for r in requests):
+                await self.gate.wait()
+                return [_answer(r) for r in requests]
+            await asyncio.sleep(30)
+            return []
+
+        return run()
+
+
+async def test_a_request_has_one_deadline_across_the_slot_wait_and_the_engine_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Queued behind a held engine slot for most of its deadline, a request then gets the slot
+    and an engine that does not answer: it fails at its deadline with the timeout status, not
+    after a fresh deadline for the engine call; the engine actor's queue gets what is left."""
+    import ray
+
+    monkeypatch.setattr(ray, "cancel", lambda ref: None)
+    r = _router(engines=1, limit=1, queue=4)
+    r.request_timeout_s = 1.0
+    gate = asyncio.Event()
+    engine = _Gated(gate)
+    r.slots[0].handle = engine
+    first_request, held_request = _requests("first", "held")
+    first = asyncio.ensure_future(r.generate(first_request))
+    await asyncio.sleep(0.01)
+    start = time.monotonic()
+    held = asyncio.ensure_future(r.generate(held_request))
+    await asyncio.sleep(0.7)
+    assert not held.done() and r.queued == 1  # waiting for the slot
+    gate.set()  # the slot frees with about 0.3 s left of the held request's deadline
+    out, _ = await first
+    assert out.text == "FIRST"
+    with pytest.raises(ServiceError) as caught:
+        await held
+    elapsed = time.monotonic() - start
+    assert caught.value.type == "timeout" and caught.value.status == 504
+    assert 0.9 < elapsed < 1.4  # at its deadline; a fresh 1.0 s for the call would be 1.7
+    left = engine.carried[-1]
+    assert left is not None and left < 0.4  # the time left, not a fresh request_timeout_s
+    assert r.in_flight == 0 and r.queued == 0
+
+
+async def test_a_request_past_its_deadline_is_not_sent_to_an_engine() -> None:
+    r = _router(engines=1, limit=8)
+    engine = _Batches(_answer)
+    r.slots[0].handle = engine
+    r.request_timeout_s = 0.0
+    with pytest.raises(ServiceError) as caught:
+        await r.generate(_requests("a")[0])
+    assert caught.value.type == "timeout" and engine.calls == 0
+    (entry,) = await r.generate_many(_requests("b"))
+    assert isinstance(entry, ServiceError) and entry.type == "timeout" and engine.calls == 0
+    assert r.in_flight == 0

@@ -294,3 +294,25 @@ async def test_a_burst_of_single_requests_waits_for_its_last_one_up_to_the_limit
     assert 1 < len(first) < 20, engine.batches  # kept open past its first, cut at the limit
     assert sum(len(b) for b in engine.batches) == 20
     await worker.shutdown()
+
+
+async def test_a_request_waits_in_the_actor_only_for_the_time_it_carries() -> None:
+    """The router sends each request with the time left of its deadline: behind a busy engine it
+    fails then, with the timeout error, not after the worker's own full request deadline."""
+    from genrm_serve.engines.base import EngineTimeoutError
+
+    worker = EngineWorker(_spec({"default": "ok", "delay_s": 5.0}), 0, request_timeout_s=30.0)
+    await worker.start()
+    try:
+        busy = asyncio.ensure_future(worker.generate(_req("busy")))
+        await asyncio.sleep(0.05)
+        late = _req("late")
+        late.timeout_s = 0.3
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(EngineTimeoutError, match="timed out"):
+            await worker.generate(late)
+        assert loop.time() - start < 2.0  # its 0.3 s, not the engine's 5 s batch nor 30 s
+        busy.cancel()
+    finally:
+        await worker.shutdown()

@@ -308,7 +308,6 @@ INVALID: list[tuple[str, list[str], list[str]]] = [
         replace(SPLIT_8, "--resource", '{"rollout": [1, 4], "genrm": [1, 4]}'),
         ['missing the "actor" entry'],
     ),
-    ("no-resource", SPLIT_8[:4] + SPLIT_8[6:], ["--resource is required"]),
     (
         "rollout-engine-divides",
         [*replace(SPLIT_8, "--resource", '{"actor": [1, 8], "rollout": [1, 6], "genrm": [1, 2]}'),
@@ -562,3 +561,33 @@ def test_render_marks_node_boundaries() -> None:
     assert "  0  1  2  3  4  5  6  7 |  8  9 10 11 12 13 14 15" in text
     assert re.search(r"(\.\s+){8}\|\s+g0 g0 g0 g0 g0 g0 g0 g0", text)
     assert re.search(r"r0 r0 r0 r0 r1 r1 r1 r1 \|(\s+\.){8}", text)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param(["--rm-type", "dapo-genrm"], id="colocate"),
+        pytest.param(["--rm-type", "dapo-genrm", "--fully-async"], id="fully-async"),
+        pytest.param(
+            [
+                "--rm-type",
+                "dummy",
+                "--defer-reward-to-post-process",
+                "--builtin-reward-post-process",
+            ],
+            id="defer",
+        ),
+    ],
+)
+def test_cli_plan_without_resource_is_trains_default_layout(
+    flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rl-core plan`` takes the layout ``rl-core train`` falls back to without ``--resource``
+    (one owner of that default), instead of refusing the flags."""
+    from rl_core.config import parse_train_args
+
+    argv = ["--genrm-model-path", "/m/judge", *flags]
+    assert main(["plan", *argv, "--json"]) == 0
+    shown = PlacementPlan.model_validate(json.loads(capsys.readouterr().out))
+    train = parse_train_args(["--hf-checkpoint", "/m/policy", "--prompt-data", "/d.jsonl", *argv])
+    assert shown == train.plan

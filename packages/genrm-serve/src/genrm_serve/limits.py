@@ -15,7 +15,11 @@ from typing import Final
 #: Loading one engine's model: the supervisor's wait and the worker's own start deadline, and
 #: the default of ``genrm-serve run --ready-timeout`` (the embedded Gemma converts once, ~70 s).
 ENGINE_START_TIMEOUT_S: Final = 1800.0
-#: One judge request, queueing in the router and in the engine actor included.
+#: One judge request, queueing in the router and in the engine actor included: the one deadline
+#: of a request, from its arrival at the router. The waits inside it (for an engine slot, the
+#: engine call, a retry on another engine, the engine actor's queue) each take what is left of
+#: it, never a fresh one of their own (``router``); an engine actor called directly (rl-core)
+#: bounds its queue wait by it too.
 REQUEST_TIMEOUT_S: Final = 600.0
 #: One health probe of an engine.
 PROBE_TIMEOUT_S: Final = 10.0

@@ -10,6 +10,12 @@ try, the 503 carries ``Retry-After`` instead: waiting for the supervisor to revi
 the client's retry. The router never probes: the supervisor owns health; the router only
 reports actor deaths it sees.
 
+A request has one deadline, ``request_timeout_s`` from its arrival here: the wait for an engine
+slot, the engine call, a retry on another engine and the engine actor's own queue wait (the time
+left travels with the request, ``EngineRequest.timeout_s``) each take what is left of it, never
+a fresh ``request_timeout_s`` of their own. Past it the request fails with the ``timeout`` error
+type (its status comes from the one table, ``genrm_client.types.ERROR_TYPE_STATUS``).
+
 A request with a ``prefix_key`` goes to the key's home engine instead, while that engine has
 room and is not clearly busier than the least loaded (``affinity``), so a GRPO group's requests,
 however spread in time, meet their shared prefix in one engine's cache; a batch is cut into
@@ -36,6 +42,7 @@ from genrm_serve.engines.base import (
     EngineAsleepError,
     EngineOutput,
     EngineRequest,
+    EngineTimeoutError,
     PromptTooLongError,
     RequestRefusedError,
     engine_id_for,
@@ -66,18 +73,23 @@ def error_message(err: BaseException) -> str:
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
+#: A request's own failures, not its engine's: refused (its own status), or out of time in the
+#: engine's queue (the timeout status). Never retried on another engine.
+_OWN_FAILURES = (RequestRefusedError, EngineTimeoutError)
+
+
 def _engine_failed(results: list[Any]) -> bool:
     """Every request of a batch failed and none was refused for its own sake: the engine failed
     (another engine may serve them), not the requests."""
     return bool(results) and all(
-        isinstance(r, BaseException) and not isinstance(r, RequestRefusedError) for r in results
+        isinstance(r, BaseException) and not isinstance(r, _OWN_FAILURES) for r in results
     )
 
 
 def _failed_alone(entry: Any) -> bool:
     """An entry of a batch that failed for no reason of its own (an engine error)."""
     return isinstance(entry, BaseException) and not isinstance(
-        entry, (RequestRefusedError, ServiceError)
+        entry, (*_OWN_FAILURES, ServiceError)
     )
 
 
@@ -154,6 +166,10 @@ def _cancel_if_abandoned(task: asyncio.Task[None], futures: list[Any], _done: ob
         task.cancel()
 
 
+#: A single request given to an engine in one turn of the event loop: the request, its caller's
+#: future, and its deadline (``time.monotonic()``).
+_Single = tuple[EngineRequest, "asyncio.Future[EngineOutput]", float]
+
 #: One request's answer from a batch: its output and the engine that gave it, or its own error.
 _Entry = tuple[EngineOutput, EngineSlot] | ServiceError
 
@@ -194,7 +210,7 @@ class InstanceRouter:
         self._idle = asyncio.Event()
         self._idle.set()
         #: per engine, the single requests of this turn of the event loop, sent as one call
-        self._singles: dict[str, list[tuple[EngineRequest, asyncio.Future[EngineOutput]]]] = {}
+        self._singles: dict[str, list[_Single]] = {}
         self._sending: set[asyncio.Task[None]] = set()
         #: Requests with a prefix key routed to the key's home engine / spilled to the least
         #: loaded one (bounded load), for metrics.
@@ -357,11 +373,35 @@ class InstanceRouter:
         deadline) rather than fail, so an engine restart is a delay and not a judge error."""
         return any((s.healthy and s.engine_id not in exclude) or s.reviving for s in self.slots)
 
+    def deadline(self) -> float:
+        """The deadline (``time.monotonic()``) of a request arriving now."""
+        return time.monotonic() + self.request_timeout_s
+
+    def _timeout(self, what: str) -> ServiceError:
+        return ServiceError(
+            "timeout",
+            f"route_key={self.route_key}: {what} (the request's deadline: "
+            f"request_timeout_s={self.request_timeout_s})",
+            route_key=self.route_key,
+        )
+
+    def _left(self, deadline: float, what: str) -> float:
+        """The seconds left before ``deadline``; past it, the timeout error (``what`` did not
+        happen in time)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise self._timeout(what)
+        return left
+
     async def acquire(
-        self, n: int = 1, exclude: frozenset[str] = frozenset(), key: str | None = None
+        self,
+        n: int = 1,
+        exclude: frozenset[str] = frozenset(),
+        key: str | None = None,
+        deadline: float | None = None,
     ) -> EngineSlot:
         """Reserve ``n`` request slots on the least-loaded healthy engine (or ``key``'s home,
-        see ``_pick``), waiting in line."""
+        see ``_pick``), waiting in line until ``deadline`` (default: a request arriving now)."""
         if self._refusing:
             raise ServiceError.asleep(self.route_key)
         if not self._waiters:
@@ -371,23 +411,20 @@ class InstanceRouter:
                 return slot
         if not self._can_serve(exclude):
             raise self._no_engine_error(exclude)
+        what = "no engine slot freed up in time"
+        left = self._left(self.deadline() if deadline is None else deadline, what)
         future: asyncio.Future[EngineSlot] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(n, exclude, future, key)
         self._waiters.append(waiter)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.request_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), left)
         except BaseException as err:
             if future.done() and not future.cancelled() and future.exception() is None:
                 self.release(future.result(), n)
             else:
                 future.cancel()
             if isinstance(err, TimeoutError):
-                raise ServiceError(
-                    "timeout",
-                    f"route_key={self.route_key}: no engine slot freed up within "
-                    f"request_timeout_s={self.request_timeout_s}",
-                    route_key=self.route_key,
-                ) from err
+                raise self._timeout(what) from err
             raise
 
     def release(self, slot: EngineSlot, n: int = 1) -> None:
@@ -398,29 +435,33 @@ class InstanceRouter:
 
     # ---- calls -----------------------------------------------------------------------------
 
-    async def _call(self, slot: EngineSlot, method: _Method, payload: Any) -> Any:
+    async def _call(
+        self, slot: EngineSlot, method: _Method, payload: Any, deadlines: Sequence[float]
+    ) -> Any:
         """``generate`` (one request) or ``generate_many`` (a batch, each entry its output or
-        its own error) on ``slot``'s engine. The actor cancels the call on the engine when its
-        caller goes away (free the engine's slot for someone else) or runs out of time."""
+        its own error) on ``slot``'s engine, within the requests' ``deadlines`` (one each, in
+        order): the call lasts until the latest, and each request carries its own time left to
+        the engine actor's queue. The actor cancels the call on the engine when its caller goes
+        away (free the engine's slot for someone else) or runs out of time."""
         start = time.monotonic()
+        what = f"engine {slot.engine_id} did not answer in time"
+        requests = [payload] if method == "generate" else payload
+        for request, deadline in zip(requests, deadlines, strict=True):
+            request.timeout_s = max(0.0, deadline - start)
+        timeout_s = self._left(max(deadlines), what)
         try:
             if method == "generate":
-                result: Any = await slot.actor.generate(payload, timeout_s=self.request_timeout_s)
+                result: Any = await slot.actor.generate(payload, timeout_s=timeout_s)
             else:
                 result = await slot.actor.generate_many(
-                    payload, return_exceptions=True, timeout_s=self.request_timeout_s
+                    payload, return_exceptions=True, timeout_s=timeout_s
                 )
                 if _engine_failed(result):
                     raise result[0]  # every request failed, none for its own sake: the engine did
-        except RequestRefusedError as err:
+        except (RequestRefusedError, EngineTimeoutError) as err:
             raise self._item_error(err) from err
         except TimeoutError as err:
-            raise ServiceError(
-                "timeout",
-                f"route_key={self.route_key}: engine {slot.engine_id} did not answer within "
-                f"request_timeout_s={self.request_timeout_s}",
-                route_key=self.route_key,
-            ) from err
+            raise self._timeout(what) from err
         except EngineGoneError as err:
             self.engine_gone(slot, err)
             raise _EngineFailure(slot, err) from err
@@ -438,38 +479,41 @@ class InstanceRouter:
         method: _Method,
         payload: Any,
         *,
+        deadline: float,
         send: Callable[[EngineSlot], Awaitable[Any]] | None = None,
         key: str | None = None,
     ) -> tuple[Any, EngineSlot]:
         """``method(payload)`` on the least-loaded engine (or ``key``'s home; through ``send``
-        when given), and once on another engine if that one failed."""
-        slot = await self.acquire(n, key=key)
+        when given), and once on another engine if that one failed, all before ``deadline``."""
+        slot = await self.acquire(n, key=key, deadline=deadline)
         try:
-            call = send(slot) if send else self._call(slot, method, payload)
+            call = send(slot) if send else self._call(slot, method, payload, [deadline] * n)
             return await call, slot
         except _EngineFailure as first:
             failure = first
         finally:
             self.release(slot, n)
-        return await self._elsewhere(failure, n, method, payload)
+        return await self._elsewhere(failure, n, method, payload, deadline)
 
     async def _elsewhere(
-        self, failure: _EngineFailure, n: int, method: _Method, payload: Any
+        self, failure: _EngineFailure, n: int, method: _Method, payload: Any, deadline: float
     ) -> tuple[Any, EngineSlot]:
         """The one retry: on another engine than the one that failed — or on the same one once
-        it is re-created (a new actor), when it died."""
+        it is re-created (a new actor), when it died — within what is left of ``deadline``."""
         failed = failure.slot
         exclude = frozenset() if failed.reviving else frozenset({failed.engine_id})
         try:
-            retry = await self.acquire(n, exclude)
+            retry = await self.acquire(n, exclude, deadline=deadline)
         except ServiceError as err:
+            if err.type == "timeout":
+                raise
             if failure.asleep:  # engines put to sleep directly on their actors (rl-core)
                 raise ServiceError.asleep(self.route_key) from err
             raise ServiceError.unavailable(
                 self.route_key, f"{failure}; no other healthy engine to retry on"
             ) from err
         try:
-            return await self._call(retry, method, payload), retry
+            return await self._call(retry, method, payload, [deadline] * n), retry
         except _EngineFailure as second:
             if failure.asleep and second.asleep:
                 raise ServiceError.asleep(self.route_key) from second
@@ -483,28 +527,37 @@ class InstanceRouter:
     async def generate(self, request: EngineRequest) -> tuple[EngineOutput, EngineSlot]:
         """One request: least-loaded engine, one retry elsewhere on an engine failure."""
         self.admit(1)
-        send = functools.partial(self._one_of_many, request=request)
+        deadline = self.deadline()
+        send = functools.partial(self._one_of_many, request=request, deadline=deadline)
         out, slot = await self._with_retry(
-            1, "generate", request, send=send, key=request.prefix_key
+            1, "generate", request, deadline=deadline, send=send, key=request.prefix_key
         )
         return out, slot
 
-    async def _one_of_many(self, slot: EngineSlot, request: EngineRequest) -> EngineOutput:
+    async def _one_of_many(
+        self, slot: EngineSlot, request: EngineRequest, deadline: float
+    ) -> EngineOutput:
         """``request``'s answer from ``slot``, in one call with the other single requests given
         to that engine in this turn of the event loop (a client's concurrent /generate).
 
         A Ray actor call costs about a millisecond of CPU here and again in the engine actor:
         a burst pays it once per engine, and reaches the engine's batcher as one unit. A lone
         request goes alone, with no wait added. Each request keeps its own slot, admission and
-        retry, as if it had been sent alone.
+        retry, as if it had been sent alone. The shared call lasts until the latest deadline of
+        its requests; each caller waits until its own.
         """
+        what = f"engine {slot.engine_id} did not answer in time"
+        left = self._left(deadline, what)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[EngineOutput] = loop.create_future()
         pending = self._singles.setdefault(slot.engine_id, [])
-        pending.append((request, future))
+        pending.append((request, future, deadline))
         if len(pending) == 1:
             loop.call_soon(self._send_singles, slot)
-        return await future
+        try:
+            return await asyncio.wait_for(future, left)
+        except TimeoutError as err:  # the future is cancelled: the shared call goes on without it
+            raise self._timeout(what) from err
 
     def _send_singles(self, slot: EngineSlot) -> None:
         singles = self._singles.pop(slot.engine_id, [])
@@ -513,26 +566,25 @@ class InstanceRouter:
             task = asyncio.ensure_future(self._answer_singles(slot, chunk))
             self._sending.add(task)  # held until done: the loop keeps only a weak reference
             task.add_done_callback(self._sending.discard)
-            futures = [future for _, future in chunk]
+            futures = [future for _, future, _ in chunk]
             for future in futures:
                 future.add_done_callback(functools.partial(_cancel_if_abandoned, task, futures))
 
-    async def _answer_singles(
-        self, slot: EngineSlot, singles: list[tuple[EngineRequest, asyncio.Future[EngineOutput]]]
-    ) -> None:
-        requests = [request for request, _ in singles]
+    async def _answer_singles(self, slot: EngineSlot, singles: list[_Single]) -> None:
+        requests = [request for request, _, _ in singles]
+        deadlines = [deadline for _, _, deadline in singles]
         try:
-            outs = await self._call(slot, "generate_many", requests)
+            outs = await self._call(slot, "generate_many", requests, deadlines)
         except asyncio.CancelledError:  # every caller went away, or the ingress stops
-            for _, future in singles:
+            for _, future, _ in singles:
                 future.cancel()
             raise
         except Exception as err:  # the whole call (ServiceError, _EngineFailure): each fails so
-            for _, future in singles:
+            for _, future, _ in singles:
                 if not future.done():
                     future.set_exception(err)
             return
-        for (_, future), out in zip(singles, outs, strict=True):
+        for (_, future, _), out in zip(singles, outs, strict=True):
             if future.done():  # a caller that went away
                 continue
             if not isinstance(out, BaseException):
@@ -551,20 +603,22 @@ class InstanceRouter:
         Requests with a ``prefix_key`` are chunked by key (``_chunks``).
         """
         chunks = self._chunks(requests)
+        deadline = self.deadline()
 
         async def run_chunk(
             chunk: list[EngineRequest],
         ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
             try:
                 outs, slot = await self._with_retry(
-                    len(chunk), "generate_many", chunk, key=chunk[0].prefix_key
+                    len(chunk), "generate_many", chunk, deadline=deadline, key=chunk[0].prefix_key
                 )
             except ServiceError as err:
                 return [err] * len(chunk)
             results = self._entries(outs, slot, retried=False)
             failed = [i for i, out in enumerate(outs) if _failed_alone(out)]
             if failed:
-                again = await self._retry_items([chunk[i] for i in failed], slot, outs[failed[0]])
+                retry = [chunk[i] for i in failed]
+                again = await self._retry_items(retry, slot, outs[failed[0]], deadline)
                 for i, result in zip(failed, again, strict=True):
                     results[i] = result
             return results
@@ -618,7 +672,11 @@ class InstanceRouter:
         return chunks + [loose[i : i + step] for i in range(0, len(loose), step)]
 
     async def _retry_items(
-        self, requests: list[EngineRequest], tried: EngineSlot, first: BaseException
+        self,
+        requests: list[EngineRequest],
+        tried: EngineSlot,
+        first: BaseException,
+        deadline: float,
     ) -> list[tuple[EngineOutput, EngineSlot] | ServiceError]:
         try:
             outs, slot = await self._elsewhere(
@@ -626,6 +684,7 @@ class InstanceRouter:
                 len(requests),
                 "generate_many",
                 requests,
+                deadline,
             )
         except ServiceError as err:
             return [err] * len(requests)
@@ -650,6 +709,8 @@ class InstanceRouter:
     def _item_error(self, err: BaseException) -> ServiceError:
         if isinstance(err, ServiceError):
             return err
+        if isinstance(err, EngineTimeoutError):
+            return self._timeout(error_message(err))
         if isinstance(err, RequestRefusedError):
             type_ = "prompt_too_long" if isinstance(err, PromptTooLongError) else "invalid_request"
             return ServiceError(type_, error_message(err), route_key=self.route_key)

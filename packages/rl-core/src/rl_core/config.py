@@ -35,10 +35,7 @@ from rl_core.placement import (
     PlacementError,
     PlacementPlan,
     add_placement_args,
-    check_reward_mode,
-    judge_instances,
-    layout_request_from_args,
-    parse_resource,
+    layout_from_args,
     plan_layout,
 )
 from rl_core.placement.sglang_flags import pop_sglang_overrides
@@ -491,41 +488,6 @@ def build_config(**values: Any) -> TrainConfig:
     return config_from_namespace(parser.parse_args([]))
 
 
-def default_resource(ns: argparse.Namespace, judge_gpus: int) -> dict[str, list[int]]:
-    """The layout of a run without ``--resource``: the smallest one of its mode.
-
-    fully-async: one GPU for the actor and one for rollout, the judges' own; defer-swap: the
-    judges' GPUs shared by everyone; colocate: split, one rollout GPU beside the judges'.
-    """
-    if ns.fully_async:
-        resource = {"actor": [1, 1], "rollout": [1, 1]}
-    elif ns.defer_reward_to_post_process:
-        g = max(judge_gpus, 1)
-        resource = {"actor": [1, g], "rollout": [1, g]}
-    else:
-        resource = {"actor": [1, 1 + judge_gpus], "rollout": [1, 1]}
-    if judge_gpus:
-        resource["genrm"] = [1, judge_gpus]
-    return resource
-
-
-def train_layout(
-    ns: argparse.Namespace, sglang_overrides: Mapping[str, Any] | None = None
-) -> LayoutRequest:
-    """The layout of a run: ``--resource`` parsed once and the judges built once from it; without
-    ``--resource``, the smallest layout of the run's mode (colocate unless ``--fully-async``)."""
-    check_reward_mode(ns.rm_type, ns.defer_reward_to_post_process)
-    resource = parse_resource(ns.resource) if ns.resource is not None else None
-    judges = judge_instances(ns, resource)
-    colocate = ns.colocate
-    if resource is None:
-        resource = parse_resource(default_resource(ns, sum(s.num_gpus for s in judges.values())))
-        colocate = colocate or not ns.fully_async  # the default mode, when nothing was said
-    return layout_request_from_args(
-        ns, resource=resource, genrm=judges, colocate=colocate, sglang_overrides=sglang_overrides
-    )
-
-
 def config_from_namespace(
     ns: argparse.Namespace, *, sglang_overrides: Mapping[str, Any] | None = None
 ) -> TrainConfig:
@@ -536,7 +498,7 @@ def config_from_namespace(
     if ns.rm_type is None and ns.custom_rm_path is None:
         raise ConfigError("set --rm-type (e.g. dapo-genrm, math, dummy) or --custom-rm-path")
     try:
-        layout = train_layout(ns, sglang_overrides)
+        layout = layout_from_args(ns, sglang_overrides=sglang_overrides)
         plan = plan_layout(layout)
     except PlacementError as err:
         raise ConfigError(str(err)) from err

@@ -22,6 +22,7 @@ __all__ = [
     "EngineOutput",
     "EngineRequest",
     "EngineState",
+    "EngineTimeoutError",
     "PromptTooLongError",
     "RequestRefusedError",
     "engine_id_for",
@@ -57,6 +58,10 @@ class EngineBatchError(EngineError):
             + (f"; first: {failed[0]}" if failed else "")
         )
         self.results = results
+
+
+class EngineTimeoutError(EngineError):
+    """A request ran out of its time waiting in an engine actor (queue included)."""
 
 
 class RequestRefusedError(EngineError):
@@ -104,6 +109,9 @@ class EngineRequest:
     #: Affinity key (``GenerateRequest.prefix_key``): the router sends requests with the same
     #: key to the same engine, so their shared prompt prefix stays in its cache. Engines ignore it.
     prefix_key: str | None = None
+    #: Seconds this request has left when sent (the router's deadline, less what it waited
+    #: there): the engine actor's queue wait takes it instead of its own full request deadline.
+    timeout_s: float | None = None
 
 
 @dataclass

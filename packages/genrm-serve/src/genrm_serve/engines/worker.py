@@ -1,12 +1,11 @@
-"""The Ray actor that hosts one engine: a micro-batcher in front of ``Engine.generate``.
+"""The Ray actor that hosts one engine: its queue, lifecycle and weight updates.
 
-A judge request is prefill-bound (a long prompt, one or two output tokens), so throughput comes
-from putting concurrent requests into one forward pass. Callers send single requests or lists
-(``generate_many``: the rewards send a GRPO group's requests as one list); this actor queues each
-call as one unit and hands the engine batches of whole units, up to
-``engine_config.max_batch_size`` requests — so the samples of a group meet in one engine batch
-and share their prompt prefix there (a unit larger than the limit goes alone; the engine splits
-it between groups). An engine that computes one batch at a time (hf) gets one batch at a time; an
+Callers send single requests or lists (``generate_many``: the rewards send a GRPO group's
+requests as one list); this actor queues each call as one unit and hands the engine batches of
+whole units, as the :class:`~genrm_serve.engines.micro_batcher.MicroBatcher` forms them (the
+batching policy lives there, not here), up to ``engine_config.max_batch_size`` requests — so the
+samples of a group meet in one engine batch and share their prompt prefix there. An engine that
+computes one batch at a time (hf) gets one batch at a time; an
 engine that schedules requests itself (SGLang's continuous batching,
 ``Engine.continuous_batching``) gets each batch as it forms, so every request in flight reaches
 it. The event loop stays free for health probes and stats (engines run their compute off the
@@ -34,9 +33,11 @@ from genrm_serve.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequest,
+    EngineTimeoutError,
     RequestRefusedError,
     engine_id_for,
 )
+from genrm_serve.engines.micro_batcher import MicroBatcher
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
@@ -49,7 +50,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Longest a request may wait in this actor, queue included.
+#: Longest a request may wait in this actor, queue included, unless it carries less time left
+#: (``EngineRequest.timeout_s``: the router's deadline, less what it waited there).
 DEFAULT_REQUEST_TIMEOUT_S = limits.REQUEST_TIMEOUT_S
 #: Longest loading a model may take: the supervisor's deadline too (one constant, limits.py).
 DEFAULT_START_TIMEOUT_S = limits.ENGINE_START_TIMEOUT_S
@@ -98,17 +100,13 @@ class EngineWorker:
         # The batcher's waits (seconds): the instance's engine_config unless given here; a wait
         # given without a cap is its own cap (engine_config refuses a cap below the wait).
         cfg = spec.engine_config
-        self.batch_wait_s = cfg.batch_wait_ms / 1e3 if batch_wait_s is None else batch_wait_s
-        self.batch_wait_max_s = max(
-            self.batch_wait_s,
-            cfg.batch_wait_max_ms / 1e3 if batch_wait_max_s is None else batch_wait_max_s,
+        wait_s = cfg.batch_wait_ms / 1e3 if batch_wait_s is None else batch_wait_s
+        wait_max_s = max(
+            wait_s, cfg.batch_wait_max_ms / 1e3 if batch_wait_max_s is None else batch_wait_max_s
         )
+        self._batcher: MicroBatcher[_Pending] = MicroBatcher(cfg.max_batch_size, wait_s, wait_max_s)
         self.request_timeout_s = request_timeout_s
         self.start_timeout_s = start_timeout_s
-        self._queue: asyncio.Queue[_Unit] | None = None
-        #: a unit taken from the queue that did not fit into the last batch: the next one's first
-        self._carry: _Unit | None = None
-        self._queued = 0
         self._loop_task: asyncio.Task[None] | None = None
         #: a continuous engine's batches in flight (each a task)
         self._running: set[asyncio.Task[None]] = set()
@@ -127,6 +125,22 @@ class EngineWorker:
         }
         self._start_error: str | None = None
         self._start_lock = asyncio.Lock()
+
+    @property
+    def batch_wait_s(self) -> float:
+        return self._batcher.batch_wait_s
+
+    @batch_wait_s.setter
+    def batch_wait_s(self, value: float) -> None:
+        self._batcher.batch_wait_s = value
+
+    @property
+    def batch_wait_max_s(self) -> float:
+        return self._batcher.batch_wait_max_s
+
+    @batch_wait_max_s.setter
+    def batch_wait_max_s(self, value: float) -> None:
+        self._batcher.batch_wait_max_s = value
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> dict[str, Any]:
@@ -149,7 +163,6 @@ class EngineWorker:
             self._start_error = f"{type(err).__name__}: {err}"
             logger.exception("engine %s failed to start", self.engine_id)
             raise
-        self._queue = asyncio.Queue()
         self._lock = asyncio.Lock()
         self._accepting = True
         self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
@@ -168,9 +181,9 @@ class EngineWorker:
         """
         engine = self._engine()
         self._accepting = False
-        assert self._queue is not None and self._lock is not None
+        assert self._lock is not None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._queue.join(), drain_timeout_s)
+            await asyncio.wait_for(self._batcher.join(), drain_timeout_s)
         async with self._lock:
             self._fail_queued(EngineAsleepError(f"engine {self.engine_id} went to sleep"))
             await self._quiesce()
@@ -245,7 +258,7 @@ class EngineWorker:
             "state": self.engine.state if self.engine is not None else "created",
             "weight_version": self.engine.weight_version if self.engine is not None else 0,
             "accepting": self._accepting,
-            "queue_depth": self._queued,
+            "queue_depth": self._batcher.queued,
             "in_flight": self._in_flight,
             **{k: int(v) for k, v in self._counters.items()},
             "mean_batch": (self._counters["batched_requests"] / batches) if batches else 0.0,
@@ -339,7 +352,6 @@ class EngineWorker:
 
     def _submit(self, requests: list[EngineRequest]) -> _Unit:
         engine = self._engine()
-        assert self._queue is not None
         if not self._accepting or engine.state == "asleep":
             raise EngineAsleepError(f"engine {self.engine_id} is asleep (wake it first)")
         loop = asyncio.get_running_loop()
@@ -348,78 +360,36 @@ class EngineWorker:
             request.sampling = request.sampling.merged_over(self.spec.sampling_config)
             unit.append(_Pending(request, loop.create_future()))
         self._counters["requests"] += len(unit)
-        self._queued += len(unit)
-        self._queue.put_nowait(unit)
+        self._batcher.put(unit)
         return unit
 
     async def _wait(self, pending: _Pending) -> EngineOutput:
+        left = pending.request.timeout_s
+        timeout_s = self.request_timeout_s if left is None else min(left, self.request_timeout_s)
         try:
-            return await asyncio.wait_for(asyncio.shield(pending.future), self.request_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(pending.future), timeout_s)
         except asyncio.CancelledError:
             pending.future.cancel()
             raise
         except TimeoutError:
             pending.future.cancel()
-            raise EngineError(
-                f"engine {self.engine_id}: request timed out after {self.request_timeout_s} s"
+            raise EngineTimeoutError(
+                f"engine {self.engine_id}: request timed out after {timeout_s:.3g} s"
             ) from None
 
     def _fail_queued(self, error: Exception) -> None:
-        if self._queue is None:
-            return
-        units: list[_Unit] = []
-        if self._carry is not None:
-            units.append(self._carry)
-            self._carry = None
-        while not self._queue.empty():
-            units.append(self._queue.get_nowait())
-        for unit in units:
-            self._queued -= len(unit)
+        for unit in self._batcher.drain():
             for pending in unit:
                 if not pending.future.done():
                     pending.future.set_exception(error)
                     self._counters["failed"] += 1
-            self._queue.task_done()
-
-    async def _next_batch(self) -> list[_Unit]:
-        """Whole units, up to ``max_batch_size`` requests, waiting ``batch_wait_s`` for each next
-        one, at most ``batch_wait_max_s`` from the first."""
-        assert self._queue is not None
-        if self._carry is not None:
-            first, self._carry = self._carry, None
-        else:
-            first = await self._queue.get()
-        batch = [first]
-        size = len(first)
-        limit = self.spec.engine_config.max_batch_size
-        loop = asyncio.get_running_loop()
-        latest = loop.time()  # the latest arrival: each one restarts the wait
-        cap = latest + self.batch_wait_max_s
-        while size < limit:
-            try:
-                unit = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                remaining = min(cap, latest + self.batch_wait_s) - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    unit = await asyncio.wait_for(self._queue.get(), remaining)
-                except TimeoutError:
-                    break
-            if size + len(unit) > limit:
-                self._carry = unit  # whole units only: it opens the next batch
-                break
-            batch.append(unit)
-            size += len(unit)
-            latest = loop.time()
-        self._queued -= size
-        return batch
+            self._batcher.task_done()
 
     async def _batch_loop(self) -> None:
-        assert self._lock is not None and self._queue is not None
+        assert self._lock is not None
         continuous = self._engine().continuous_batching
         while True:
-            units = await self._next_batch()
+            units = await self._batcher.next_batch()
             # callers that gave up are skipped
             live = [p for unit in units for p in unit if not p.future.done()]
             if live and continuous:
@@ -434,7 +404,7 @@ class EngineWorker:
                         await self._run_counted([], live)
             finally:
                 for _ in units:
-                    self._queue.task_done()
+                    self._batcher.task_done()
 
     async def _run_counted(self, units: list[_Unit], live: list[_Pending]) -> None:
         """One batch, counted in flight; ``units`` are marked done after it (a continuous
@@ -445,8 +415,7 @@ class EngineWorker:
         finally:
             self._in_flight -= len(live)
             for _ in units:
-                assert self._queue is not None
-                self._queue.task_done()
+                self._batcher.task_done()
 
     async def _quiesce(self) -> None:
         """Wait for a continuous engine's batches in flight (the caller holds ``_lock``, so no

@@ -28,8 +28,10 @@ from rl_core.placement.sglang_flags import rollout_server_args
 __all__ = [
     "add_placement_args",
     "check_reward_mode",
+    "default_resource",
     "judge_instances",
     "judge_num_gpus",
+    "layout_from_args",
     "layout_request_from_args",
     "parse_resource",
     "plan_from_args",
@@ -267,8 +269,46 @@ def layout_request_from_args(
     )
 
 
+def default_resource(args: argparse.Namespace, judge_gpus: int) -> dict[str, list[int]]:
+    """The layout of a run without ``--resource``: the smallest one of its mode.
+
+    fully-async: one GPU for the actor and one for rollout, the judges' own; defer-swap: the
+    judges' GPUs shared by everyone; colocate: split, one rollout GPU beside the judges'.
+    """
+    if args.fully_async:
+        resource = {"actor": [1, 1], "rollout": [1, 1]}
+    elif args.defer_reward_to_post_process:
+        g = max(judge_gpus, 1)
+        resource = {"actor": [1, g], "rollout": [1, g]}
+    else:
+        resource = {"actor": [1, 1 + judge_gpus], "rollout": [1, 1]}
+    if judge_gpus:
+        resource["genrm"] = [1, judge_gpus]
+    return resource
+
+
+def layout_from_args(
+    args: argparse.Namespace, *, sglang_overrides: Mapping[str, Any] | None = None
+) -> LayoutRequest:
+    """The layout of a run, for ``rl-core train`` and ``rl-core plan`` alike: ``--resource``
+    parsed once and the judges built once from it; without ``--resource``, the smallest layout
+    of the run's mode (:func:`default_resource`; colocate unless ``--fully-async``)."""
+    check_reward_mode(args.rm_type, args.defer_reward_to_post_process)
+    resource = parse_resource(args.resource) if args.resource is not None else None
+    judges = judge_instances(args, resource)
+    colocate = args.colocate
+    if resource is None:
+        judge_gpus = sum(s.num_gpus for s in judges.values())
+        resource = parse_resource(default_resource(args, judge_gpus))
+        colocate = colocate or not args.fully_async  # the default mode, when nothing was said
+    return layout_request_from_args(
+        args, resource=resource, genrm=judges, colocate=colocate, sglang_overrides=sglang_overrides
+    )
+
+
 def plan_from_args(
     args: argparse.Namespace, *, sglang_overrides: Mapping[str, Any] | None = None
 ) -> PlacementPlan:
-    """The plan for parsed flags (:func:`add_placement_args`); raises PlacementError."""
-    return plan_layout(layout_request_from_args(args, sglang_overrides=sglang_overrides))
+    """The plan for parsed flags (:func:`add_placement_args`), the layout as ``rl-core train``
+    takes it (:func:`layout_from_args`); raises PlacementError."""
+    return plan_layout(layout_from_args(args, sglang_overrides=sglang_overrides))
