@@ -80,6 +80,7 @@ import queue
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -616,6 +617,7 @@ class SGLangEngine(Engine):
             root.handlers[:] = saved_handlers
             root.setLevel(saved_level)
         self._children = [p for p in multiprocessing.active_children() if p not in before]
+        _LIVE.add(self)
         if not self.is_follower:
             await self._read_limits()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch_children())
@@ -997,9 +999,9 @@ class SGLangEngine(Engine):
             self._watch_task = None
         if self.sgl is not None and self._thread is not None:
             sgl, mine = self.sgl, list(self._children)
-            others = [p for p in multiprocessing.active_children() if p not in mine]
+            _LIVE.discard(self)
             with contextlib.suppress(Exception):
-                if others:  # another engine's processes live in this process too
+                if any(e._children for e in _LIVE):  # another engine lives in this process
                     await self._thread.call(lambda: _shutdown_own_processes(sgl, mine))
                 else:
                     await self._thread.call(sgl.shutdown)
@@ -1025,6 +1027,8 @@ class SGLangEngine(Engine):
 
 #: How long a shutdown waits for this engine's killed processes to be reaped (SGLang's own).
 SHUTDOWN_REAP_S = 60.0
+#: The started SGLang engines of this process, whose processes another's shutdown must spare.
+_LIVE: weakref.WeakSet[SGLangEngine] = weakref.WeakSet()
 
 
 def _shutdown_own_processes(sgl: Any, mine: list[Any]) -> None:
