@@ -229,6 +229,72 @@ async def test_logprobs_match_the_hf_engine(engine: SGLangEngine, tiny_dir: Path
     assert not wrong, "\n".join(wrong)
 
 
+#: A verdict's log-odds log(P("1") / P("0")) is the difference of two log-probs, each within
+#: BF16_LOGPROB_TOL of fp32: so within twice that of the fp32 reference's.
+VERDICT_LOG_ODDS_TOL = 2 * BF16_LOGPROB_TOL
+
+
+async def test_logprob_verdict_matches_the_hf_engine(engine: SGLangEngine, tiny_dir: Path) -> None:
+    """``logprob_verdict`` on SGLang (one pass, the first reply token's log-probs of "1" and
+    "0") gives the hf engine's verdict probability on the same weights and the same rendered
+    prompt. Both are checked as log-odds against one fp32 reference, which is free of how each
+    engine normalises its log-probs; the two engines' P("1") are then within 0.05."""
+    import math
+
+    from genrm_client.types import Message
+    from genrm_serve.engines.hf import HFEngine
+
+    hf = HFEngine(
+        InstanceSpec(
+            route_key="judge",
+            model_path=str(tiny_dir),
+            num_gpus=1,
+            engine="hf",
+            engine_config=EngineConfig(max_context_len=CONTEXT, device="cuda", dtype="bfloat16"),
+        ),
+        "judge/hf",
+    )
+    await hf.start()
+    off = {"enable_thinking": False}
+    reqs = [
+        EngineRequest(
+            sampling=SamplingParams(
+                temperature=0.0, max_response_len=1, logprob_verdict=True, chat_template_kwargs=off
+            ).merged_over(DEFAULT_SAMPLING),
+            messages=[Message(role="user", content=f"Is {i} + {i} = {2 * i + i % 2}? 1 or 0.")],
+        )
+        for i in range(6)
+    ]
+    try:
+        refs = await hf.generate(reqs)
+        gots = await engine.generate(reqs)
+        assert hf.prompts is not None
+        one, zero = hf.prompts.verdict_tokens(reqs[0])
+    finally:
+        await hf.shutdown()
+    assert engine.prompts is not None and hf.prompts is not None
+    report: list[str] = []
+    wrong: list[str] = []
+    for req, ref, got in zip(reqs, refs, gots, strict=True):
+        prompt = engine.prompts.encode(req)
+        assert prompt == hf.prompts.encode(req)  # one rendering of the messages
+        lp = (await asyncio.to_thread(_reference_logprobs, tiny_dir, prompt, [one]))[0]
+        want = float(lp[one] - lp[zero])
+        p_hf, p_sgl = ref.extra["verdict_prob"], got.extra["verdict_prob"]
+        odds = {n: math.log(p / (1 - p)) for n, p in (("hf", p_hf), ("sglang", p_sgl))}
+        line = (
+            f"prompt {len(prompt)}: fp32 log-odds {want:.4f}; hf {odds['hf']:.4f} "
+            f"(P {p_hf:.4f}); sglang {odds['sglang']:.4f} (P {p_sgl:.4f})"
+        )
+        report.append(line)
+        if any(abs(v - want) > VERDICT_LOG_ODDS_TOL for v in odds.values()):
+            wrong.append(f"log-odds beyond bf16: {line}")
+        if abs(p_hf - p_sgl) > 0.05:
+            wrong.append(f"P(1) apart: {line}")
+    print("\n".join(report))
+    assert not wrong, "\n".join(wrong)
+
+
 async def test_started_on_sglang_s_defaults_with_prefill_graphs_off(engine: SGLangEngine) -> None:
     assert engine.server_args["cuda_graph_backend_prefill"] == "disabled"
     assert engine.server_args["dtype"] == "bfloat16"  # not SGLang's float16 for a fp32 folder
