@@ -79,6 +79,11 @@ class EngineConfig(BaseModel):
     #: judge, whose weights never change: SGLang copies a sleeping engine's weights to pageable
     #: host memory at every sleep (2.8 s for a 4B judge on an H200, 2026-12-03).
     sleep_keeps_weights: bool = False
+    #: Before a sleep (once per weight version) and after every wake, the engine runs one fixed
+    #: greedy probe of 16 tokens and compares the two: a wake that restored other weights fails
+    #: and marks the engine failed, rather than letting it judge with them
+    #: (``engines/wake_check.py``). Costs a 1-token prefill at each: milliseconds.
+    wake_check: bool = True
     #: Largest number of requests the engine batches into one forward pass.
     max_batch_size: int = Field(default=32, gt=0)
     #: How long the engine's micro-batcher waits for the next request once it holds one (ms):

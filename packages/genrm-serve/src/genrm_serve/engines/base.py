@@ -180,6 +180,11 @@ class Engine(abc.ABC):
         if self.state == "failed":
             raise EngineError(f"engine {self.engine_id} failed")
 
+    def mark_failed(self, why: str) -> None:
+        """The engine can no longer be trusted to serve (e.g. its wake check failed): its health
+        check fails from now on, so that its supervisor re-creates it."""
+        self.state = "failed"
+
     def stats(self) -> dict[str, Any]:
         """Counters for metrics and debugging (JSON-serialisable)."""
         return {

@@ -79,6 +79,7 @@ from genrm_serve.engines.hf_packing import (
 )
 from genrm_serve.engines.hf_sampling import RowSampling, sample
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
+from genrm_serve.engines.wake_check import WakeCheck
 from genrm_serve.engines.weights import (
     BucketMeta,
     HostOffloader,
@@ -283,6 +284,8 @@ class HFEngine(Engine):
             "forward_tokens": 0,
             "decode_graphs": 0,  # decode steps captured as CUDA graphs
         }
+        #: proves after each wake that the weights survived the sleep (``wake_check.py``)
+        self.wake_check = WakeCheck(self, self.counters)
 
     # -- loading -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -447,6 +450,7 @@ class HFEngine(Engine):
     async def sleep(self) -> None:
         if self.state != "awake":
             return
+        await self.wake_check.before_sleep(self.tokenizer.vocab_size)
         await asyncio.to_thread(self._sleep)
         self.state = "asleep"
 
@@ -482,6 +486,7 @@ class HFEngine(Engine):
             return
         await asyncio.to_thread(self._wake)
         self.state = "awake"
+        await self.wake_check.after_wake()
 
     def _wake(self) -> None:
         t0 = time.perf_counter()
@@ -510,6 +515,7 @@ class HFEngine(Engine):
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Copy ``state_dict`` (name → tensor, a subset is fine) into the model; awake only."""
         self._check_update(version)
+        self.wake_check.invalidate()
         t0 = time.perf_counter()
         await asyncio.to_thread(self._update, state_dict)
         self.weight_version = version
@@ -527,6 +533,7 @@ class HFEngine(Engine):
         self._check_update(version)
         if self.device.type != "cuda":
             raise EngineError(f"engine {self.engine_id}: CUDA IPC weights need a CUDA engine")
+        self.wake_check.invalidate()  # per call: a sync of several calls changes weights in each
         t0 = time.perf_counter()
 
         def load() -> None:
@@ -555,6 +562,7 @@ class HFEngine(Engine):
         group = self._weight_group
         if group is None:
             raise EngineError(f"engine {self.engine_id}: no weight group (init_weight_group)")
+        self.wake_check.invalidate()
         t0 = time.perf_counter()
 
         def receive() -> None:

@@ -104,6 +104,7 @@ from genrm_serve.engines.sglang_args import (
     prefill_graph_args,
     server_arg_fields,
 )
+from genrm_serve.engines.wake_check import WakeCheck
 
 __all__ = [
     "ENGINE_ENV",
@@ -548,6 +549,8 @@ class SGLangEngine(Engine):
             "prefix_warm_tokens": 0,
             "cached_prompt_tokens": 0,
         }
+        #: proves after each wake that the weights survived the sleep (``wake_check.py``)
+        self.wake_check = WakeCheck(self, self.counters)
         #: SGLang's limits, read after start: prompts over ``prompt_limit`` are refused, and
         #: prompt + new tokens stay below ``context_len``.
         self.context_len = spec.engine_config.max_context_len
@@ -692,6 +695,9 @@ class SGLangEngine(Engine):
             self._prev_sigquit = signal.signal(signal.SIGQUIT, on_sigquit)
         else:
             _ignore_sigquit_process_wide()  # the watchdog reports the dead child
+
+    def mark_failed(self, why: str) -> None:
+        self._fail(why)
 
     def _fail(self, why: str) -> None:
         if self.failure is None:
@@ -911,7 +917,8 @@ class SGLangEngine(Engine):
             self.state = "asleep"
             return
         self._awake("sleep")
-        assert self._thread is not None and self._control is not None
+        assert self._thread is not None and self._control is not None and self.prompts is not None
+        await self.wake_check.before_sleep(self.prompts.tokenizer.vocab_size)
         async with self._control:
             await self._flush()
             tags = self._sleep_tags()
@@ -927,6 +934,8 @@ class SGLangEngine(Engine):
                 tags = self._sleep_tags()
                 await self._thread.call(lambda: self.sgl.resume_memory_occupation(tags=tags))
         self.state = "awake"
+        if not self.is_follower:  # rank 0's probe runs on every rank's weights
+            await self.wake_check.after_wake()
 
     def _sleep_tags(self) -> list[str]:
         """What a sleep releases: all of SGLang's memory, or all but the weights."""
@@ -945,6 +954,7 @@ class SGLangEngine(Engine):
         """``update_weights_from_tensor`` (then the KV cache is flushed); awake only."""
         sgl = self._awake("update weights")
         self._check_version(version)
+        self.wake_check.invalidate()
         assert self._thread is not None and self._control is not None
         async with self._control:
             result = await self._thread.call(
@@ -966,6 +976,7 @@ class SGLangEngine(Engine):
 
         sgl = self._awake("update weights")
         self._check_version(version)
+        self.wake_check.invalidate()
         assert self._thread is not None and self._control is not None
         tp = int(self.server_args.get("tp_size", 1))
         payloads = [flattened_bucket_payload(meta, handle) for meta, handle in buckets]
@@ -987,6 +998,7 @@ class SGLangEngine(Engine):
         """Load a checkpoint folder in place (elastic / disaggregated refit)."""
         sgl = self._awake("update weights")
         self._check_version(version)
+        self.wake_check.invalidate()
         assert self._thread is not None and self._control is not None
         async with self._control:
             result = await self._thread.call(lambda: sgl.update_weights_from_disk(model_path))
