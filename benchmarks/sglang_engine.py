@@ -319,6 +319,10 @@ def main() -> None:
     args = ap.parse_args()
     OUT_FILE = Path(args.out) if args.out else None
     extra = json.loads(args.server_args)
+    # Ray before SGLang: an SGLang install that stubs IPython (the GPU machine's trimmed one)
+    # leaves a module Ray's logging then takes for a notebook (ImportError: get_ipython)
+    import ray  # noqa: F401
+
     model = write_model(Path(tempfile.mkdtemp(prefix="q06b_")))
     RESULTS["raw"] = raw_rollout(model, extra)
     record()

@@ -161,7 +161,8 @@ async def test_lifecycle_calls_sglang_in_the_documented_order(tiny_dir: Path) ->
     assert len(fake.calls) == n_calls  # refused before SGLang could crash on them
 
     await engine.wake()
-    assert fake.calls[-1] == "resume_memory_occupation" and not fake.released
+    # the weights are back, then the wake check's probe ran on them
+    assert fake.calls[-2:] == ["resume_memory_occupation", "async_generate"] and not fake.released
     await engine.update_weights({"model.embed_tokens.weight": torch.zeros(1)}, version=1)
     assert fake.weight_names == ["model.embed_tokens.weight"]
     assert (await engine.generate([_req("x")]))[0].weight_version == 1

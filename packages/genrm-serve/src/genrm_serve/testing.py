@@ -19,6 +19,7 @@ tests use: several test sessions share one machine, so a fixed port (8000) or a 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -330,6 +331,7 @@ class FakeSGLangEngine:
             "load_format",
             "chunked_prefill_size",
             "max_running_requests",
+            "schedule_policy",
             "disable_radix_cache",
             "cuda_graph_config",
             "cuda_graph_backend_prefill",
@@ -390,6 +392,12 @@ class FakeSGLangEngine:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(args["model_path"]))
+        # SGLang: tokenizer_manager.py -- input ids are checked against the model config's
+        # vocab_size (a random Qwen3-shape model beside a small tokenizer takes ids up to 151,936)
+        config = Path(str(args["model_path"])) / "config.json"
+        self.vocab_size = len(self.tokenizer)
+        if config.is_file():
+            self.vocab_size = int(json.loads(config.read_text()).get("vocab_size", self.vocab_size))
         # SGLang: configs/model_config.py _derive_context_length (seen on 0.5.17) -- a
         # context_length over the model's own is a ValueError unless the env allows it.
         from transformers import AutoConfig
@@ -483,6 +491,7 @@ class FakeSGLangEngine:
         input_ids: list[int] | None = None,
         return_logprob: bool = False,
         token_ids_logprob: list[int] | None = None,
+        top_logprobs_num: int | None = None,
         **_: object,
     ) -> dict[str, Any]:
         import asyncio
@@ -503,11 +512,10 @@ class FakeSGLangEngine:
                 f"The input ({n_in} tokens) is longer than the model's context length "
                 f"({self.context_len} tokens)."
             )
-        vocab = len(self.tokenizer)
+        vocab = self.vocab_size
         if input_ids and max(input_ids) >= vocab:
             raise ValueError(
-                f"The input_ids {input_ids} contains values greater than the model's vocabulary "
-                f"size ({vocab})."
+                f"The input_ids {input_ids} contains values greater than the vocab size ({vocab})."
             )
         max_new = p.get("max_new_tokens", 128)
         if max_new is not None and max_new + n_in > self.context_len:
@@ -578,6 +586,13 @@ class FakeSGLangEngine:
                 meta["output_token_logprobs"] = [
                     (-0.25 * (i + 1), t, None) for i, t in enumerate(toks)
                 ]
+                if top_logprobs_num:
+                    # SGLang: tokenizer_manager.py -- per output position, the top
+                    # ``top_logprobs_num`` (logprob, id, text), the greedy token first
+                    meta["output_top_logprobs"] = [
+                        [(-0.25 * (i + 1) - k, t + k, None) for k in range(top_logprobs_num)]
+                        for i, t in enumerate(toks)
+                    ]
                 if token_ids_logprob:
                     # SGLang: tokenizer_manager.py -- per output position, (logprob, id, text)
                     # of each asked id; the fake's "model" favours the first id on even sums.
@@ -614,6 +629,7 @@ class FakeSGLangEngine:
         sampling_params: Any = None,
         input_ids: Any = None,
         return_logprob: bool = False,
+        top_logprobs_num: int | None = None,
         **_: object,
     ) -> Any:
         """SGLang: engine.py generate -- a batch is one ``GenerateReqInput``; one invalid request
@@ -627,6 +643,7 @@ class FakeSGLangEngine:
                     input_ids=input_ids,
                     sampling_params=sampling_params,
                     return_logprob=return_logprob,
+                    top_logprobs_num=top_logprobs_num,
                 )
             )
         rows = list(input_ids or [])
@@ -639,7 +656,10 @@ class FakeSGLangEngine:
                 await asyncio.gather(
                     *(
                         self.async_generate(
-                            input_ids=r, sampling_params=p, return_logprob=return_logprob
+                            input_ids=r,
+                            sampling_params=p,
+                            return_logprob=return_logprob,
+                            top_logprobs_num=top_logprobs_num,
                         )
                         for r, p in zip(rows, params, strict=True)
                     )
