@@ -9,7 +9,8 @@ GPU and saved once, so that SGLang loads exactly the weights the transformers ro
 2. our hf engine (packed group prefixes, compiled layers);
 3. raw ``sglang.Engine``, the batch's prompts sent together, radix cache on (fresh groups);
 4. our SGLang engine, the whole batch at once (defer mode, ``generate_batch``): each group's
-   shared run computed first;
+   shared run computed first, its members sent when it finished, the warm-ups in waves of
+   ``PREFIX_WARM_WAVE_TOKENS``; then the same with every warm-up in one wave (fresh prompts);
 5. our SGLang engine through its worker, the samples arriving spread over ``--spread-ms`` (inline
    scoring as rollouts finish): what SGLang's radix cache gives without the batch-level warm-up;
 6. the compute bound on unique tokens at ``--tflops``;
@@ -190,9 +191,66 @@ def agreement(outs: list[Any], raw: list[tuple[int, float]]) -> tuple[int, int]:
     return equal, beyond_tie
 
 
+async def batch_row(
+    engine: Any, worker: Any, args: argparse.Namespace, vocab: int, raw: Any, seed: int, tag: str
+) -> None:
+    """Our SGLang engine on the whole batch at once, median of ``--repeats`` (prompts of
+    ``seed + rep``); each group's members go out when its warm-up finished, the warm-ups in
+    waves of ``PREFIX_WARM_WAVE_TOKENS`` (``tag`` names the setting). Greedy agreement with raw
+    SGLang where ``raw`` has the same prompts. ``first_wave_ms``: the batch's one serial phase,
+    its first wave of warm-ups (later waves run beside members)."""
+    from genrm_serve.engines import sglang as sglang_mod
+
+    n = args.groups * args.group_size
+    times, agree, beyond_tie, first_waves = [], 0, 0, []
+    wave = engine._warm_wave
+    waves_seen: list[float] = []
+
+    async def timed_wave(*a: Any) -> None:
+        t = time.perf_counter()
+        await wave(*a)
+        waves_seen.append(time.perf_counter() - t)
+
+    engine._warm_wave = timed_wave
+    try:
+        for rep in range(args.repeats):
+            reqs = hf_engine._requests(fresh(args, vocab, seed + rep), max_response_len=1)
+            for r in reqs:
+                r.sampling = r.sampling.model_copy(update={"temperature": 0.0})
+            waves_seen.clear()
+            t0 = time.perf_counter()
+            outs = await worker.generate_many(reqs)
+            times.append(time.perf_counter() - t0)
+            first_waves.append(waves_seen[0] if waves_seen else 0.0)
+            if raw is not None:
+                equal, beyond = agreement(outs, raw[seed + rep])
+                agree, beyond_tie = agree + equal, beyond_tie + beyond
+    finally:
+        engine._warm_wave = wave
+    agreement_cols: dict[str, Any] = {}
+    if raw is not None:
+        agreement_cols = {
+            "greedy_equal_raw": f"{agree}/{n * args.repeats}",
+            "greedy_differs_beyond_a_tie": beyond_tie,
+        }
+    tokens = sglang_mod.PREFIX_WARM_WAVE_TOKENS
+    row(
+        f"our SGLang engine, the batch at once, warm-up waves {tag} "
+        f"(PREFIX_WARM_WAVE_TOKENS={tokens})",
+        n,
+        sorted(times)[len(times) // 2],
+        RESULTS["plain_s"],
+        **agreement_cols,
+        warm_waves=len(waves_seen),
+        first_wave_ms_median=1e3 * sorted(first_waves)[len(first_waves) // 2],
+        counters=dict(engine.counters),
+    )
+
+
 async def ours_rows(
     model_dir: Path, args: argparse.Namespace, extra: dict[str, Any], vocab: int, raw: Any
 ) -> None:
+    from genrm_serve.engines import sglang as sglang_mod
     from genrm_serve.engines.sglang import SGLangEngine
     from genrm_serve.engines.worker import EngineWorker
 
@@ -203,36 +261,14 @@ async def ours_rows(
     n = args.groups * args.group_size
     try:
         await engine.generate(hf_engine._requests(fresh(args, vocab, 100), max_response_len=1))
-        times, agree, beyond_tie, warm_times = [], 0, 0, []
-        warm = engine._warm_shared_prefixes
-
-        async def timed_warm(*a: Any) -> None:  # the first of the batch's two waits
-            t = time.perf_counter()
-            await warm(*a)
-            warm_times.append(time.perf_counter() - t)
-
-        engine._warm_shared_prefixes = timed_warm  # type: ignore[method-assign]
-        for rep in range(args.repeats):
-            reqs = hf_engine._requests(fresh(args, vocab, 200 + rep), max_response_len=1)
-            for r in reqs:
-                r.sampling = r.sampling.model_copy(update={"temperature": 0.0})
-            t0 = time.perf_counter()
-            outs = await worker.generate_many(reqs)
-            times.append(time.perf_counter() - t0)
-            equal, beyond = agreement(outs, raw[200 + rep])
-            agree, beyond_tie = agree + equal, beyond_tie + beyond
-        engine._warm_shared_prefixes = warm  # type: ignore[method-assign]
-        wall = sorted(times)[len(times) // 2]
-        row(
-            "our SGLang engine, the batch at once (group prefixes first)",
-            n,
-            wall,
-            RESULTS["plain_s"],
-            greedy_equal_raw=f"{agree}/{n * args.repeats}",
-            greedy_differs_beyond_a_tie=beyond_tie,
-            prefix_warm_ms_median=1e3 * sorted(warm_times)[len(warm_times) // 2],
-            counters=dict(engine.counters),
-        )
+        await batch_row(engine, worker, args, vocab, raw, 200, "default")
+        # the same with every warm-up in one wave (fresh prompts: no help from the row above)
+        wave = sglang_mod.PREFIX_WARM_WAVE_TOKENS
+        sglang_mod.PREFIX_WARM_WAVE_TOKENS = None
+        try:
+            await batch_row(engine, worker, args, vocab, None, 500, "all at once")
+        finally:
+            sglang_mod.PREFIX_WARM_WAVE_TOKENS = wave
         # inline scoring: the samples arrive one by one, spread over the window
         # (one engine here, so the keys change nothing; with several behind the router they
         # keep each group on one engine's radix cache)

@@ -739,6 +739,146 @@ def test_without_the_warm_up_sglang_would_recompute_every_member(tiny_dir: Path)
         fake.shutdown()
 
 
+@pytest.fixture
+async def grouped_engine(tiny_dir: Path) -> AsyncIterator[Started]:
+    """A started engine over the fake with room for ``_grouped`` prompts (512 tokens)."""
+    spec = _spec(tiny_dir)
+    config = spec.engine_config.model_copy(update={"max_context_len": 512})
+    engine = SGLangEngine(
+        spec.model_copy(update={"engine_config": config}), "judge/0", engine_cls=FakeSGLangEngine
+    )
+    await engine.start()
+    yield engine, engine.sgl
+    await engine.shutdown()
+
+
+def _heads(reqs: list[EngineRequest], per_group: int, shared: int) -> list[list[int]]:
+    """Each group's shared run (its warm-up's prompt), group by group."""
+    return [list(reqs[g].prompt_token_ids or [])[:shared] for g in range(0, len(reqs), per_group)]
+
+
+def _at(fake: FakeSGLangEngine, kind: str, prompt: list[int]) -> int | None:
+    """Where in the fake's events ``prompt`` first did ``kind`` (``None``: not yet)."""
+    events = list(fake.events)
+    return next((n for n, (k, p) in enumerate(events) if k == kind and p == prompt), None)
+
+
+def _arrived(fake: FakeSGLangEngine, head: list[int]) -> int:
+    """How many prompts longer than ``head`` that start with it reached the fake."""
+    return sum(
+        k == "arrive" and len(p) > len(head) and p[: len(head)] == head
+        for k, p in list(fake.events)
+    )
+
+
+async def _until(cond: Any, timeout_s: float = 10.0) -> bool:
+    for _ in range(int(timeout_s / 0.02)):
+        if cond():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(cond())
+
+
+async def test_a_group_s_members_go_out_when_its_own_warm_up_finished(
+    grouped_engine: Started,
+) -> None:
+    """Not after every group's warm-up: group 1's warm-up held, group 0 is served meanwhile."""
+    engine, fake = grouped_engine
+    reqs = _grouped(groups=2, per_group=4, shared=120, own=20)
+    heads = _heads(reqs, 4, 120)
+    release = asyncio.Event()
+    fake.holds = [(heads[1], release)]
+    batch = asyncio.ensure_future(engine.generate(reqs))
+    try:
+        served = await _until(lambda: sum(k == "finish" for k, _ in list(fake.events)) >= 5)
+        assert served, "group 0's members never went out while group 1's warm-up was in flight"
+        assert _at(fake, "finish", heads[1]) is None and _arrived(fake, heads[1]) == 0
+    finally:
+        fake.loop.call_soon_threadsafe(release.set)
+    outs = await asyncio.wait_for(batch, 20)
+    assert len(outs) == 8 and engine.counters["prefix_warmups"] == 2
+    # every member found its group's run in the cache (no member can find more than it)
+    assert engine.counters["cached_prompt_tokens"] == 8 * 120
+
+
+async def test_warm_ups_go_out_in_waves(
+    grouped_engine: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of 120 a wave: the second wave's warm-ups reach SGLang only after the first
+    wave's finished (beside the first groups' members), and every member still finds its run
+    in the cache."""
+    monkeypatch.setattr(sglang_mod, "PREFIX_WARM_WAVE_TOKENS", 250)
+    engine, fake = grouped_engine
+    reqs = _grouped(groups=4, per_group=4, shared=120, own=20)
+    heads = _heads(reqs, 4, 120)
+    outs = await asyncio.wait_for(engine.generate(reqs), 20)
+    assert len(outs) == 16
+    finished = [_at(fake, "finish", h) for h in heads[:2]]
+    arrived = [_at(fake, "arrive", h) for h in heads[2:]]
+    assert None not in finished and None not in arrived
+    assert min(a for a in arrived if a is not None) > max(f for f in finished if f is not None)
+    assert engine.counters["prefix_warmups"] == 4
+    assert engine.counters["prefix_warm_tokens"] == 4 * 120
+    assert engine.counters["cached_prompt_tokens"] == 16 * 120  # each member: its run, no more
+
+
+def test_warm_waves_split_by_tokens() -> None:
+    runs = [[1] * 100, [2] * 100, [3] * 300, [4] * 50]
+    assert sglang_mod.warm_waves(runs, 250) == [[0, 1], [2], [3]]
+    assert sglang_mod.warm_waves(runs, None) == sglang_mod.warm_waves(runs, 0) == [[0, 1, 2, 3]]
+    assert sglang_mod.warm_waves([], 250) == sglang_mod.warm_waves([], None) == []
+
+
+def test_each_prompt_joins_the_longest_run_it_starts_with() -> None:
+    runs = [[1, 2], [1, 2, 3], [4]]
+    prompts = [[1, 2, 3, 9], [1, 2, 8], [4, 4], [5], [1]]
+    assert sglang_mod.run_of_each(prompts, runs) == [1, 0, 2, None, None]
+
+
+async def test_a_failed_warm_up_still_lets_its_members_through(grouped_engine: Started) -> None:
+    engine, fake = grouped_engine
+    reqs = _grouped(groups=2, per_group=4, shared=120, own=20)
+    heads = _heads(reqs, 4, 120)
+    for r in reqs:  # greedy: the same tokens on every run
+        r.sampling = r.sampling.model_copy(update={"temperature": 0.0})
+    fake.refuse = [heads[0]]
+    outs = await asyncio.wait_for(engine.generate(reqs), 20)
+    assert engine.counters["prefix_warmups"] == 1  # group 1's; group 0's was refused
+    assert engine.counters["prefix_warm_tokens"] == 2 * 120
+    assert _arrived(fake, heads[0]) == 4
+    fake.refuse = []
+    again = await asyncio.wait_for(engine.generate(reqs), 20)  # every run cached by now
+    assert [o.token_ids for o in outs] == [o.token_ids for o in again]
+    assert [o.prompt_tokens for o in outs] == [140] * 8
+
+
+async def test_cancelling_a_batch_mid_way_leaves_nothing_in_flight(
+    grouped_engine: Started,
+) -> None:
+    """Cancelled with group 1's warm-up and group 0's members in flight: both are cancelled
+    at SGLang, group 1's members are never sent, and the engine serves the next batch."""
+    engine, fake = grouped_engine
+    reqs = _grouped(groups=2, per_group=4, shared=120, own=20)
+    heads = _heads(reqs, 4, 120)
+    release = asyncio.Event()
+    fake.holds = [(heads[1], release)] + [
+        (list(r.prompt_token_ids or []), release) for r in reqs[:4]
+    ]
+    batch = asyncio.ensure_future(engine.generate(reqs))
+    try:
+        assert await _until(lambda: fake.in_flight == 5), f"in flight: {fake.in_flight}"
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+        assert await _until(lambda: fake.in_flight == 0 and not engine._pending)
+        await asyncio.sleep(0.2)
+        assert _arrived(fake, heads[1]) == 0
+    finally:
+        fake.loop.call_soon_threadsafe(release.set)
+    outs = await asyncio.wait_for(engine.generate(reqs[:2]), 20)
+    assert len(outs) == 2
+
+
 # -- 20. a logprob verdict in one pass: P("1") from the first reply token's log-probs ------------
 async def test_logprob_verdict_in_one_pass(start: Any) -> None:
     import math

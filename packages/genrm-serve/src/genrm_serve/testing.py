@@ -296,9 +296,13 @@ class FakeSGLangEngine:
 
     Knobs for tests: ``visible_gpus`` (GPUs of the fake node), ``max_total_num_tokens`` (KV pool),
     ``gate`` (an ``asyncio.Event`` on the engine's loop that requests wait on, to hold them in
-    flight), ``hang`` (requests never finish: a hung scheduler), :meth:`crash_scheduler`.
-    ``calls`` records every method called, in order; ``max_in_flight`` the most requests that
-    were in flight together.
+    flight), ``hang`` (requests never finish: a hung scheduler), :meth:`crash_scheduler`,
+    ``holds`` (``(ids, event)`` pairs: a request whose prompt starts with ``ids`` waits on
+    ``event``, to hold some requests in flight and not others), ``refuse`` (prompts that SGLang
+    refuses as it refuses an invalid one: a ``ValueError`` for exactly that prompt).
+    ``calls`` records every method called, in order; ``events`` every request's arrival and
+    successful finish (``("arrive" | "finish", prompt)``, in order); ``max_in_flight`` the most
+    requests that were in flight together.
     """
 
     #: ``ServerArgs`` fields the fake knows (``server_args.py``, 0.5.17): those we set, and the
@@ -428,6 +432,9 @@ class FakeSGLangEngine:
         self.radix: list[list[int]] = []
         self._running_until = 0.0
         self.gate: asyncio.Event | None = None
+        self.holds: list[tuple[list[int], asyncio.Event]] = []
+        self.refuse: list[list[int]] = []
+        self.events: list[tuple[str, list[int]]] = []
         self.hang = False
         self.dead = False
         # SGLang: the scheduler is a child process (multiprocessing, spawn).
@@ -505,6 +512,9 @@ class FakeSGLangEngine:
         if self.dead:
             raise RuntimeError("FakeSGLangEngine: the scheduler is dead")
         p = dict(sampling_params or {})
+        self.events.append(("arrive", list(input_ids)))
+        if list(input_ids) in self.refuse:  # a test's stand-in for any refused request
+            raise ValueError(f"FakeSGLangEngine: refused prompt of {len(input_ids)} tokens")
         # SGLang: tokenizer_manager.py _validate_one_request.
         n_in = len(input_ids)
         if n_in >= self.context_len:
@@ -543,6 +553,9 @@ class FakeSGLangEngine:
                 raise RuntimeError("FakeSGLangEngine: generate while memory is released")
             if self.gate is not None:
                 await self.gate.wait()
+            for ids, event in list(self.holds):
+                if input_ids[: len(ids)] == ids:
+                    await event.wait()
             if self.hang:
                 await asyncio.Event().wait()  # never set: a hung scheduler
             await asyncio.sleep(0)
@@ -582,6 +595,7 @@ class FakeSGLangEngine:
                 "finish_reason": {"type": "length"} if n == max_new else {"type": "stop"},
             }
             self.radix.append(list(input_ids))
+            self.events.append(("finish", list(input_ids)))
             if return_logprob:
                 meta["output_token_logprobs"] = [
                     (-0.25 * (i + 1), t, None) for i, t in enumerate(toks)

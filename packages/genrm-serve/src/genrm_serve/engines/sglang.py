@@ -153,6 +153,12 @@ CHILD_WATCH_S = 1.0
 #: A run shared by prompts of one batch shorter than this is not computed ahead: a round trip
 #: costs more than recomputing it (a GRPO group's question + reference runs hundreds of tokens).
 PREFIX_WARM_MIN_TOKENS = 64
+#: The shared runs of one wave of warm-ups, in tokens (``None`` or 0: every run in one wave).
+#: The next wave goes out when this one's warm-ups have finished, so SGLang prefills it beside
+#: the previous groups' members instead of running a small warm-up-only batch and then idling
+#: (a guess from the H200 shape: about four GRPO groups' question + reference a wave; tune it
+#: with ``benchmarks/judge_engines.py``, which measures it against all at once).
+PREFIX_WARM_WAVE_TOKENS: int | None = 2048
 
 
 @dataclass(frozen=True)
@@ -384,6 +390,38 @@ def shared_prefixes(prompts: list[list[int]], min_tokens: int) -> list[list[int]
         for node in build_forest(prompts, min_shared=min_tokens)
         if len(node.tokens) >= min_tokens and len(node.ending) + len(node.children) > 1
     ]
+
+
+def run_of_each(prompts: list[list[int]], runs: list[list[int]]) -> list[int | None]:
+    """For each prompt, the index in ``runs`` of the longest run that is its prefix (``None``:
+    none is). The runs of :func:`shared_prefixes` are the roots of a radix tree, so a prompt
+    starts with at most one of them; taking the longest keeps a prompt with its closest group
+    should runs ever nest (its members wait for the run that gives them the most)."""
+    owners: list[int | None] = []
+    for prompt in prompts:
+        best: int | None = None
+        for r, run in enumerate(runs):
+            longer = best is None or len(run) > len(runs[best])
+            if longer and len(run) <= len(prompt) and prompt[: len(run)] == run:
+                best = r
+        owners.append(best)
+    return owners
+
+
+def warm_waves(runs: list[list[int]], wave_tokens: int | None) -> list[list[int]]:
+    """``runs``' indices in waves of at most ``wave_tokens`` tokens of runs, in order (a run
+    longer than that is a wave of its own); ``None`` or 0: one wave of all."""
+    if not wave_tokens:
+        return [list(range(len(runs)))] if runs else []
+    waves: list[list[int]] = []
+    size = 0
+    for r, run in enumerate(runs):
+        if not waves or size + len(run) > wave_tokens:
+            waves.append([])
+            size = 0
+        waves[-1].append(r)
+        size += len(run)
+    return waves
 
 
 def verdict_prob(meta: dict[str, Any], one: int, zero: int) -> float:
@@ -769,24 +807,71 @@ class SGLangEngine(Engine):
         fut.add_done_callback(self._pending.discard)
         return asyncio.wrap_future(fut)
 
-    async def _warm_shared_prefixes(self, sgl: Any, prompts: list[list[int]]) -> None:
-        """Have SGLang compute each run that several prompts of this batch share, once, before
-        the prompts themselves: SGLang prefills requests that arrive together side by side, none
-        of them in its radix cache yet, so a GRPO group's judge prompts would each recompute the
-        group's question and reference. A run in the cache already costs only a round trip."""
-        runs = shared_prefixes(prompts, PREFIX_WARM_MIN_TOKENS)
-        if not runs:
-            return
+    async def _warm_wave(self, warmups: list[asyncio.Future[Any]]) -> None:
+        """Wait until every warm-up of one wave has finished, failed or not: an optimisation
+        only, a failed warm-up leaves its members to compute the run themselves."""
+        if warmups:
+            await asyncio.wait(warmups)
+        self.counters["prefix_warmups"] += sum(
+            not w.cancelled() and w.exception() is None for w in warmups
+        )
+
+    async def _after_warm_up(
+        self, sgl: Any, warmup: asyncio.Future[Any], prep: _Prepared, return_tokens: bool
+    ) -> Any:
+        """Submit a member of a group once its group's warm-up has finished (whatever its
+        outcome); ``asyncio.wait`` so that cancelling one member leaves the warm-up to the
+        others."""
+        await asyncio.wait([warmup])
+        return await self._submit(sgl, prep, return_tokens)
+
+    async def _submit_all(
+        self,
+        sgl: Any,
+        prepared: dict[int, _Prepared],
+        requests: list[EngineRequest],
+        waits: dict[int, asyncio.Future[Any]],
+        warmups: list[asyncio.Future[Any]],
+    ) -> None:
+        """Submit the batch into ``waits`` (one future a request), the runs its prompts share
+        computed first, pipelined.
+
+        Why warm up: SGLang prefills requests that arrive together side by side, none of them
+        in its radix cache yet, so a GRPO group's judge prompts sent together would each
+        recompute the group's question and reference; a run enters the radix cache when its
+        request finishes. So each shared run (:func:`shared_prefixes`) is sent alone first, one
+        new token, and its members (:func:`run_of_each`) go out as soon as *that* warm-up has
+        finished (not after every group's). Why waves (:data:`PREFIX_WARM_WAVE_TOKENS`): all
+        warm-ups at once make a small warm-up-only batch and leave the GPU idle during the round
+        trip before the members; in waves, the next wave goes out when the previous one's
+        warm-ups finish, i.e. together with the previous groups' members, and SGLang batches
+        both. A prompt that starts with no shared run is submitted at once. ``warmups`` collects
+        the warm-ups in flight, for the caller to cancel."""
+        prompts = {i: p.ids for i, p in prepared.items()}
+        runs = shared_prefixes(list(prompts.values()), PREFIX_WARM_MIN_TOKENS)
+        members: dict[int, list[int]] = {}
+        for i, r in zip(prompts, run_of_each(list(prompts.values()), runs), strict=True):
+            if r is None:
+                waits[i] = self._submit(sgl, prepared[i], requests[i].return_tokens)
+            else:
+                members.setdefault(r, []).append(i)
         params = {"max_new_tokens": 1, "temperature": 0.0}
-        waits = [self._submit(sgl, _Prepared(run, params, None), False) for run in runs]
-        done = await asyncio.gather(*waits, return_exceptions=True)
-        # an optimisation only: a failed warm-up leaves its members to compute the run themselves
-        self.counters["prefix_warmups"] += sum(not isinstance(d, BaseException) for d in done)
-        self.counters["prefix_warm_tokens"] += sum(len(r) for r in runs)
+        for wave in warm_waves(runs, PREFIX_WARM_WAVE_TOKENS):
+            sent = [self._submit(sgl, _Prepared(runs[r], params, None), False) for r in wave]
+            warmups.extend(sent)
+            self.counters["prefix_warm_tokens"] += sum(len(runs[r]) for r in wave)
+            for r, warmup in zip(wave, sent, strict=True):
+                for i in members.get(r, []):
+                    chained = self._after_warm_up(
+                        sgl, warmup, prepared[i], requests[i].return_tokens
+                    )
+                    waits[i] = asyncio.ensure_future(chained)
+            await self._warm_wave(sent)
 
     async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
         """Each request is its own ``async_generate``; errors stay with their request. Runs
-        the batch's prompts share are computed first (:meth:`_warm_shared_prefixes`)."""
+        the batch's prompts share are computed first, group by group (:meth:`_submit_all`).
+        Cancelled, it cancels every request and warm-up it has in flight."""
         sgl = self._awake("generate")
         results: list[EngineOutput | BaseException] = []
         prepared: dict[int, _Prepared] = {}
@@ -798,13 +883,12 @@ class SGLangEngine(Engine):
                 continue
             results.append(EngineError("not run"))
         waits: dict[int, asyncio.Future[Any]] = {}
+        warmups: list[asyncio.Future[Any]] = []
         try:
-            await self._warm_shared_prefixes(sgl, [p.ids for p in prepared.values()])
-            for i, prep in prepared.items():
-                waits[i] = self._submit(sgl, prep, requests[i].return_tokens)
+            await self._submit_all(sgl, prepared, requests, waits, warmups)
             done = await asyncio.gather(*waits.values(), return_exceptions=True)
-        except asyncio.CancelledError:
-            for w in waits.values():
+        except BaseException:  # cancelled (or failing to submit): nothing of ours stays behind
+            for w in [*waits.values(), *warmups]:
                 w.cancel()
             raise
         for i, out in zip(waits, done, strict=True):
