@@ -395,3 +395,94 @@ async def test_a_two_gpu_engine_uses_both_devices(tiny_dir: Path) -> None:
         assert (await e.generate([_req(20, temperature=0.0)]))[0].completion_tokens > 0
     finally:
         await e.shutdown()
+
+
+#: The trainer of the broadcast test, a process of its own on GPU 1 (argv: model folder, folder
+#: to save its weights in, port, file for the bucket plan). It perturbs the weights, saves them
+#: (the fresh engine's), writes the plan, prints READY, then is rank 0 of the weight group.
+_BROADCAST_TRAINER = r"""
+import pickle, shutil, sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from genrm_serve.engines.weights import WeightBroadcastGroup, pack_bucket, plan_buckets
+
+model_dir, save_dir, port, plan_file = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+torch.cuda.set_device(1)
+torch.manual_seed(1234)
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda()
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+model.save_pretrained(str(save_dir))
+for f in Path(model_dir).iterdir():
+    if "token" in f.name or f.name.endswith((".jinja", ".txt")):
+        shutil.copy(f, save_dir / f.name)
+named = dict(model.named_parameters())
+buckets = plan_buckets(named.items(), 1 << 20, torch.bfloat16)
+Path(plan_file).write_bytes(pickle.dumps(buckets))
+print("READY", flush=True)
+group = WeightBroadcastGroup("127.0.0.1", port, 0, 2, backend="nccl")
+for b in buckets:
+    group.broadcast(pack_bucket(b, named))
+torch.cuda.synchronize()
+print("DONE", flush=True)
+"""
+
+
+@pytest.mark.skipif(_cuda_gpus() < 2, reason="needs 2 GPUs")
+async def test_broadcast_from_a_trainer_on_another_gpu_reaches_sglang(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The NCCL path: a trainer process on GPU 1 (rank 0 of ``WeightBroadcastGroup``) broadcasts
+    perturbed bf16 weights, bucket by bucket, to an SGLang engine on GPU 0 whose scheduler joined
+    the group through ``init_weights_update_group``; afterwards greedy outputs equal those of a
+    fresh engine loaded from the same weights."""
+    import pickle
+    import sys
+
+    from genrm_serve.testing import free_port
+
+    port, saved, plan_file = free_port(), tmp_path / "synced", tmp_path / "plan.pkl"
+    e = SGLangEngine(_spec(tiny_dir), "rollout/nccl")
+    await e.start()
+    trainer = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _BROADCAST_TRAINER,
+        str(tiny_dir),
+        str(saved),
+        str(port),
+        str(plan_file),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert trainer.stdout is not None
+        line = await asyncio.wait_for(trainer.stdout.readline(), 300)
+        assert line.strip() == b"READY", line
+        buckets = pickle.loads(plan_file.read_bytes())
+        assert len(buckets) > 1  # several buckets, several broadcasts
+        reqs = [_req(30 + 7 * i, 11 * i, temperature=0.0, max_response_len=8) for i in range(4)]
+        before = [o.token_ids for o in await e.generate(reqs)]
+        assert e.weight_group_ranks == 1
+        await asyncio.wait_for(e.init_weight_group("127.0.0.1", port, 1, 2, "nccl"), 300)
+        await asyncio.wait_for(e.update_weights_from_broadcast(buckets, 1), 300)
+        assert e.weight_version == 1
+        line = await asyncio.wait_for(trainer.stdout.readline(), 120)
+        assert line.strip() == b"DONE", line
+        assert await asyncio.wait_for(trainer.wait(), 120) == 0
+        after = [o.token_ids for o in await e.generate(reqs)]
+        assert after != before  # the engine computes with the new weights
+    finally:
+        if trainer.returncode is None:
+            trainer.kill()
+            await trainer.wait()
+        await e.shutdown()
+    fresh = SGLangEngine(_spec(saved), "rollout/fresh")
+    await fresh.start()
+    try:
+        assert [o.token_ids for o in await fresh.generate(reqs)] == after
+    finally:
+        await fresh.shutdown()

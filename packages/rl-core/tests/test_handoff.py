@@ -26,6 +26,7 @@ from rl_core.weight_sync import (
     IpcSync,
     choose_weight_sync,
     colocated_ranks,
+    group_ranks,
 )
 
 
@@ -199,10 +200,50 @@ def test_weight_path_follows_the_plan() -> None:
     assert fully.mode == "fully-async"
     assert colocated_ranks(fully) is None
     assert choose_weight_sync(fully, use_gpus=True, device="auto", engine="hf") == "broadcast"
-    # SGLang's own NCCL group is not wired: the object store, never a wrong path
-    assert choose_weight_sync(fully, use_gpus=True, device="auto", engine="sglang") == (
+    # SGLang's schedulers join the same broadcast group (init_weights_update_group)
+    assert choose_weight_sync(fully, use_gpus=True, device="auto", engine="sglang") == "broadcast"
+    # where NCCL cannot work, the object store stays
+    assert choose_weight_sync(fully, use_gpus=False, device="auto", engine="sglang") == (
         "object_store"
     )
+    assert choose_weight_sync(fully, use_gpus=True, device="cpu", engine="sglang") == (
+        "object_store"
+    )
+
+
+def test_weight_group_ranks_follow_each_engines_size() -> None:
+    """Trainer rank 0, then each engine's ranks: an SGLang engine of TP 2 takes two."""
+    assert group_ranks([1, 1]) == ([1, 2], 3)
+    assert group_ranks([2, 1, 4]) == ([1, 3, 4], 8)
+    with pytest.raises(ValueError):
+        group_ranks([1, 0])
+
+
+async def test_broadcast_sync_gives_engines_their_first_ranks() -> None:
+    joined: list[tuple[int, int]] = []
+
+    class Learner:
+        async def weight_group_address(self) -> tuple[str, int]:
+            return "h", 1
+
+        async def init_weight_group(self, host: str, port: int, world: int, backend: str) -> None:
+            joined.append((0, world))
+
+    class Engine:
+        def __init__(self, ranks: int) -> None:
+            self.ranks = ranks
+
+        async def stats(self) -> dict[str, Any]:
+            return {"weight_group_ranks": self.ranks}
+
+        async def init_weight_group(
+            self, host: str, port: int, rank: int, world: int, backend: str
+        ) -> None:
+            joined.append((rank, world))
+
+    sync = BroadcastSync(Learner(), [Engine(2), Engine(1)])  # type: ignore[list-item]
+    await sync.setup()
+    assert sorted(joined) == [(0, 4), (1, 4), (3, 4)]
 
 
 class FakeLearner:

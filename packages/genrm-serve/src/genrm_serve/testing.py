@@ -372,6 +372,10 @@ class FakeSGLangEngine:
         self.server_args = dict(server_args)
         self.resolved = args
         self.calls: list[str] = ["__init__"]
+        #: weight-broadcast groups joined (init_weights_update_group), by group name
+        self.weight_groups: dict[str, dict[str, Any]] = {}
+        #: every update_weights_from_distributed request, with the broadcasts it would receive
+        self.distributed_updates: list[dict[str, Any]] = []
         # SGLang: utils configure_logger (from engine.py _launch_subprocesses) --
         # logging.basicConfig(..., force=True) replaces the root logger's handlers.
         logging.basicConfig(level=getattr(logging, str(args["log_level"]).upper()), force=True)
@@ -747,6 +751,120 @@ class FakeSGLangEngine:
             raise RuntimeError("FakeSGLangEngine: weight update while weights are released")
         self.weights_valid = True
         return True, "Succeeded to update model weights."
+
+    # -- weights across GPUs ------------------------------------------------------------------
+    def _check_dp_for_weight_group(self, what: str) -> None:
+        # SGLang: managers/tokenizer_control_mixin.py -- asserts dp_size == 1 or DP attention.
+        if int(self.resolved.get("dp_size", 1)) != 1 and not self.resolved.get(
+            "enable_dp_attention"
+        ):
+            raise AssertionError(f"dp_size must be 1 or dp attention must be enabled for {what}")
+
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "nccl",
+    ) -> tuple[bool, str]:
+        """Records the group (no NCCL here): ``weight_groups[group_name]`` with the rank each TP
+        rank takes, so tests check the ranks an engine claims."""
+        self.calls.append("init_weights_update_group")
+        self._check_dp_for_weight_group("update weights from distributed")
+        # SGLang: model_runner_components/weight_updater.py init_weights_update_group --
+        # asserts a non-empty group name; each TP rank joins as rank_offset + tp_rank.
+        if group_name == "":
+            raise AssertionError("Group name cannot be empty")
+        tp = int(self.resolved.get("tp_size", 1))
+        ranks = [rank_offset + r for r in range(tp)]
+        # SGLang: same function -- torch's group creation raises for a rank outside the world;
+        # the exception becomes (False, "Failed to initialize custom process group: ...").
+        if min(ranks) < 0 or max(ranks) >= world_size:
+            return False, (
+                f"Failed to initialize custom process group: rank {max(ranks)} is not in a "
+                f"world of {world_size}."
+            )
+        self.weight_groups[group_name] = {
+            "address": (master_address, master_port),
+            "ranks": ranks,
+            "world_size": world_size,
+            "backend": backend,
+        }
+        return True, "Succeeded to initialize custom process group."
+
+    def destroy_weights_update_group(self, group_name: str) -> tuple[bool, str]:
+        """SGLang: weight_updater.py destroy_weights_update_group -- (False, ...) if unknown."""
+        self.calls.append("destroy_weights_update_group")
+        if self.weight_groups.pop(group_name, None) is None:
+            return False, "The group to be destroyed does not exist."
+        return True, "Succeeded to destroy custom process group."
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        load_format: str | None = None,
+    ) -> tuple[bool, str]:
+        """Records the request and the broadcasts SGLang's receiver would post for it
+        (``received``: ``(dtype, numel)`` per broadcast, in order), not the transfer."""
+        import torch
+
+        self.calls.append("update_weights_from_distributed")
+        self._check_dp_for_weight_group("update weights from distributed")
+        if "weights" in self.offload_tags:
+            raise RuntimeError("FakeSGLangEngine: weight update while weights are released")
+        # SGLang: weight_updater.py update_weights_from_distributed -- asserts the group exists
+        # (outside its try: the scheduler dies of it, as the fake's caller sees an error).
+        if group_name not in self.weight_groups:
+            raise AssertionError(
+                f"Group {group_name} not in {list(self.weight_groups)}. "
+                "Please call `init_weights_update_group` first."
+            )
+        # SGLang: same function -- names, dtypes and shapes are zipped (the shortest wins); a
+        # dtype string that is not a torch dtype fails inside the try: (False, message).
+        posted: list[tuple[str, int]] = []
+        for dtype, shape in zip(dtypes, shapes, strict=False):
+            target = getattr(torch, dtype, None)
+            if not isinstance(target, torch.dtype):
+                return False, (
+                    f"Failed to update parameter online: module 'torch' has no attribute "
+                    f"'{dtype}'. The full weights of the ModelRunner are partially updated. "
+                    "Please discard the whole weights."
+                )
+            numel = 1
+            for d in shape:
+                numel *= int(d)
+            posted.append((dtype, numel * target.itemsize))
+        # SGLang: same function -- "flattened_bucket" receives the tensors' concatenated bytes
+        # in one uint8 broadcast (_update_bucketed_weights_from_distributed, tensor_bucket.py);
+        # any other load format one broadcast per tensor, in its own dtype.
+        if load_format == "flattened_bucket":
+            received = [("uint8", sum(nbytes for _, nbytes in posted))]
+        else:
+            received = [
+                (dtype, nbytes // getattr(torch, dtype).itemsize) for dtype, nbytes in posted
+            ]
+        self.distributed_updates.append(
+            {
+                "names": list(names),
+                "dtypes": list(dtypes),
+                "shapes": [list(s) for s in shapes],
+                "group_name": group_name,
+                "flush_cache": flush_cache,
+                "load_format": load_format,
+                "received": received,
+            }
+        )
+        self.weight_names = list(names)
+        self.weights_valid = True
+        # SGLang: scheduler_components/weight_updater.py -- the cache is flushed after a
+        # successful update when the request asks for it.
+        return True, "Succeeded to update parameter online."
 
     # -- failure -----------------------------------------------------------------------------
     def _die(self) -> None:

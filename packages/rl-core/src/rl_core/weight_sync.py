@@ -4,8 +4,12 @@
   rank (SGLang's scheduler maps the buckets itself, ``genrm_serve/engines/sglang_weights.py``): flat
   bf16 buckets on the GPU, shared through CUDA IPC by the actor rank on the engine's GPU, one
   bucket at a time (extra device memory: one bucket).
-- ``broadcast`` — fully-async on GPUs, hf rollout engines: flat bf16 buckets broadcast from actor
-  rank 0 over a NCCL group of its own with the engines.
+- ``broadcast`` — fully-async on GPUs, hf or SGLang rollout engines: flat bf16 buckets broadcast
+  from actor rank 0 over a NCCL group of its own with the engines, one broadcast per bucket (its
+  bytes: ``genrm_serve.WeightBroadcastGroup``). An hf engine takes one rank of the group, an
+  SGLang engine one per TP rank (its schedulers join through SGLang's
+  ``init_weights_update_group``); each engine reports how many (``weight_group_ranks`` in its
+  stats) and gets the next ones after the trainer's rank 0.
 - ``object_store`` — everything else (CPU, ``--device cpu``, engines without a device path):
   rank 0's state dict, one object-store put shared by every engine.
 
@@ -54,8 +58,7 @@ def choose_weight_sync(plan: Any, *, use_gpus: bool, device: str, engine: str) -
     if not use_gpus or device == "cpu" or engine not in ("hf", "sglang"):
         return "object_store"
     if plan.phases_overlap:
-        # SGLang joins a NCCL group its own way (init_weights_update_group); not wired yet
-        return "broadcast" if engine == "hf" else "object_store"
+        return "broadcast"
     if colocated_ranks(plan) is not None:
         return "ipc"
     return "object_store"
@@ -129,6 +132,19 @@ class IpcSync:
         self.last = {"buckets": float(len(buckets)), "seconds": time.perf_counter() - t0}
 
 
+def group_ranks(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Each engine's first rank in the weight group, and the group's size, for engines taking
+    ``sizes`` ranks each (an SGLang engine of TP size ``t`` joins as ``first .. first + t - 1``:
+    ``rank_offset + tp_rank``). Rank 0 is the trainer's."""
+    if any(n < 1 for n in sizes):
+        raise ValueError(f"every engine takes at least one rank of the weight group: {sizes}")
+    first, nxt = [], 1
+    for n in sizes:
+        first.append(nxt)
+        nxt += n
+    return first, nxt
+
+
 class BroadcastSync:
     """Actor rank 0 broadcasts every bucket over a process group with the engines."""
 
@@ -148,16 +164,18 @@ class BroadcastSync:
         self._ready = False
 
     async def setup(self) -> None:
-        """Form the group once: trainer rank 0 is rank 0, engine ``i`` is rank ``i + 1``."""
+        """Form the group once: trainer rank 0 is rank 0, then each engine's ranks in turn
+        (:func:`group_ranks`)."""
         if self._ready:
             return
+        sizes = [int((await e.stats()).get("weight_group_ranks", 1)) for e in self.engines]
+        first, world = group_ranks(sizes)
         host, port = await self.learner.weight_group_address()
-        world = 1 + len(self.engines)
         await asyncio.gather(
             self.learner.init_weight_group(host, port, world, self.backend),
             *(
-                e.init_weight_group(host, port, i + 1, world, self.backend)
-                for i, e in enumerate(self.engines)
+                e.init_weight_group(host, port, r, world, self.backend)
+                for r, e in zip(first, self.engines, strict=True)
             ),
         )
         self._ready = True

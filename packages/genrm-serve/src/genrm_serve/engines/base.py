@@ -192,7 +192,15 @@ class Engine(abc.ABC):
             "route_key": self.spec.route_key,
             "state": self.state,
             "weight_version": self.weight_version,
+            "weight_group_ranks": self.weight_group_ranks,
         }
+
+    @property
+    def weight_group_ranks(self) -> int:
+        """How many ranks this engine takes in the weight-broadcast group: one per process that
+        receives the broadcast (an SGLang engine joins from each TP rank). The trainer reads it
+        from ``stats()`` to give each engine its first rank and to size the group."""
+        return 1
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load new policy weights (rollout engines); ``version`` must increase."""

@@ -40,7 +40,9 @@ Behaviours taken from SGLang's source (each is a test in ``tests/test_engine_sgl
   before SGLang starts, and the :class:`EngineError` carries the last lines SGLang's processes
   wrote to stderr (``output_tail.py``), where its traceback is.
 - Weights from a trainer on the same GPU: its CUDA IPC buckets go to SGLang's scheduler
-  unopened (``sglang_weights.py``).
+  unopened (``sglang_weights.py``). From a trainer on other GPUs: SGLang's schedulers join the
+  trainer's weight-broadcast group, one rank per TP rank, and receive each flat bucket as one
+  broadcast of its bytes (``sglang_weights.py``, ``weights.py`` ``WeightBroadcastGroup``).
 - Any other per-request SGLang error stays with its request (:class:`EngineBatchError`).
 - ``top_k <= 0`` is sent as -1 (SGLang raises on 0: ``sampling/sampling_params.py: verify``).
 - A request's ``seed`` is SGLang's ``sampling_seed``, honoured only with
@@ -105,6 +107,7 @@ from genrm_serve.engines.sglang_args import (
     server_arg_fields,
 )
 from genrm_serve.engines.wake_check import WakeCheck
+from genrm_serve.engines.weights import BucketMeta
 
 __all__ = [
     "ENGINE_ENV",
@@ -601,6 +604,8 @@ class SGLangEngine(Engine):
         self._pending: set[concurrent.futures.Future[Any]] = set()
         self._last_output = 0.0
         self._control: asyncio.Lock | None = None
+        #: the name of the weight-broadcast group SGLang's schedulers joined (init_weight_group)
+        self._weight_group: str | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._prev_sigquit: Any = None
 
@@ -1077,6 +1082,73 @@ class SGLangEngine(Engine):
                 _raise_unless_success(self.engine_id, "update_weights_from_tensor", result)
         if done:
             self.weight_version = version
+
+    @property
+    def weight_group_ranks(self) -> int:
+        """SGLang joins the weight group from each TP rank (``rank_offset + tp_rank``)."""
+        planned = self.spec.num_gpus_per_engine // self.spec.engine_config.pp_size
+        return int(self.server_args.get("tp_size", planned))
+
+    async def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str = "nccl"
+    ) -> None:
+        """Join the weight-broadcast group of trainer rank 0 (rank 0) and the engines, as ranks
+        ``rank .. rank + weight_group_ranks - 1`` (SGLang's ``init_weights_update_group``: one
+        member per TP rank). Blocks until every member has joined, as the hf engine's does."""
+        from genrm_serve.engines.weights import WEIGHT_GROUP_NAME
+
+        sgl = self._awake("join the weight group")
+        if int(self.server_args.get("pp_size", 1)) != 1:
+            # Pipeline stages repeat TP ranks: rank_offset + tp_rank would collide. (dp_size > 1
+            # is DP attention here, sglang_engine_kwargs, which SGLang's group accepts.)
+            raise EngineError(
+                f"engine {self.engine_id}: the weight group needs pp_size=1 "
+                f"(got {self.server_args['pp_size']}); use the object-store path"
+            )
+        if rank < 1 or rank + self.weight_group_ranks > world_size:
+            raise EngineError(
+                f"engine {self.engine_id}: ranks {rank}..{rank + self.weight_group_ranks - 1} "
+                f"do not fit a weight group of {world_size} (rank 0 is the trainer)"
+            )
+        assert self._thread is not None and self._control is not None
+        async with self._control:
+            result = await self._thread.call(
+                lambda: sgl.init_weights_update_group(
+                    master_address=host,
+                    master_port=port,
+                    rank_offset=rank,
+                    world_size=world_size,
+                    group_name=WEIGHT_GROUP_NAME,
+                    backend=backend,
+                )
+            )
+        _raise_unless_success(self.engine_id, "init_weights_update_group", result)
+        self._weight_group = WEIGHT_GROUP_NAME
+
+    async def update_weights_from_broadcast(self, buckets: list[BucketMeta], version: int) -> None:
+        """Receive every bucket of a sync from the weight group (one ``update_weights_from_
+        distributed`` call per bucket, matching the trainer's one broadcast per bucket:
+        ``sglang_weights.py``), then serve ``version``; the KV cache is flushed with the last."""
+        from genrm_serve.engines.sglang_weights import distributed_bucket_request
+
+        sgl = self._awake("update weights")
+        self._check_version(version)
+        group = self._weight_group
+        if group is None:
+            raise EngineError(f"engine {self.engine_id}: no weight group (init_weight_group)")
+        self.wake_check.invalidate()
+        assert self._thread is not None and self._control is not None
+
+        def receive(request: dict[str, Any]) -> Callable[[], Any]:
+            return lambda: sgl.update_weights_from_distributed(**request)
+
+        async with self._control:
+            for i, meta in enumerate(buckets):
+                last = i == len(buckets) - 1
+                request = distributed_bucket_request(meta, group, flush_cache=last)
+                result = await self._thread.call(receive(request))
+                _raise_unless_success(self.engine_id, "update_weights_from_distributed", result)
+        self.weight_version = version
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Load a checkpoint folder in place (elastic / disaggregated refit)."""

@@ -20,7 +20,9 @@ one owner.
 - :class:`WeightBroadcastGroup`: a process group of its own (NCCL on GPUs, gloo on CPU) between
   trainer rank 0 and the rollout engines on other GPUs, one broadcast per bucket. It is built from
   a ``TCPStore`` rather than ``init_process_group`` because the engines are not members of the
-  trainer's default group.
+  trainer's default group. An SGLang engine joins the same group from its schedulers
+  (``init_weights_update_group``), so the group's store keys and the bytes on the wire follow
+  SGLang's receiver (see the class).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from genrm_serve import limits
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
+    "WEIGHT_GROUP_NAME",
     "BucketMeta",
     "HostOffloader",
     "TensorMeta",
@@ -357,12 +360,44 @@ def open_ipc_handle(handle: tuple[Any, tuple[Any, ...]], device: int | None = No
 
 # --- a broadcast group across GPUs --------------------------------------------------------------
 
+#: The weight group's name: SGLang's schedulers key their side of the group by it
+#: (``init_weights_update_group(group_name=...)``), and :class:`WeightBroadcastGroup` prefixes
+#: its store keys with it the same way, so trainer, hf engines and SGLang engines meet.
+WEIGHT_GROUP_NAME = "genrm-weights"
+
+
+def _group_store(store: Any, group_name: str, backend: str) -> Any:
+    """``store`` under the prefixes an SGLang scheduler's side of the group uses.
+
+    SGLang 0.5.17 (``utils/common.py`` ``init_custom_process_group``) wraps its TCP rendezvous
+    store in ``PrefixStore(group_name)`` and creates the group with torch's
+    ``distributed_c10d._new_process_group_helper``, which adds ``"{group_name}/"`` and then
+    ``"{device}/"`` before the backend sees the store. NCCL's members swap their unique id through
+    that store, so every member must use the same nesting, or the first broadcast waits out the
+    timeout. We nest the public ``PrefixStore`` the same way rather than call the private helper
+    (it also registers the group process-wide, once per name, which ranks on threads of one
+    process — the CPU tests — cannot share).
+    """
+    import torch.distributed as dist
+
+    device = "cuda" if backend == "nccl" else "cpu"
+    prefixed = dist.PrefixStore(group_name, store)  # type: ignore[attr-defined]
+    prefixed = dist.PrefixStore(f"{group_name}/", prefixed)  # type: ignore[attr-defined]
+    return dist.PrefixStore(f"{device}/", prefixed)  # type: ignore[attr-defined]
+
 
 class WeightBroadcastGroup:
     """Rank 0 (the trainer) broadcasts flat buckets to ranks 1.. (the engines).
 
     ``backend`` is ``"nccl"`` for tensors on GPUs and ``"gloo"`` on CPU (tests). Every member
     calls the constructor with the same address; rank 0 hosts the store.
+
+    On the wire a bucket is its bytes (``uint8``): SGLang's receiver
+    (``update_weights_from_distributed(..., load_format="flattened_bucket")``,
+    ``model_runner_components/weight_updater.py`` on 0.5.17) allocates the bucket's tensors in
+    order, concatenates them as bytes and receives one ``uint8`` broadcast. A bucket of one dtype
+    laid out back to back (:func:`plan_buckets`) has exactly those bytes, so one sender serves hf
+    and SGLang engines alike, and an hf engine receives the same way through this class.
     """
 
     def __init__(
@@ -374,29 +409,33 @@ class WeightBroadcastGroup:
         *,
         backend: str = "nccl",
         timeout_s: float = limits.WEIGHT_GROUP_TIMEOUT_S,
+        group_name: str = WEIGHT_GROUP_NAME,
     ) -> None:
         import torch.distributed as dist
 
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self._store = dist.TCPStore(  # type: ignore[attr-defined]
             host, port, world_size, rank == 0, timeout=timeout
         )
-        store = dist.PrefixStore("genrm-weights", self._store)  # type: ignore[attr-defined]
+        store = _group_store(self._store, group_name, backend)
         if backend == "nccl":
             self.pg: Any = dist.ProcessGroupNCCL(store, rank, world_size)  # type: ignore[call-arg]
-        elif backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
         else:
-            raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+            self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        """Rank 0's ``tensor`` into every rank's ``tensor`` (same numel and dtype everywhere)."""
+        """Rank 0's ``tensor`` into every rank's ``tensor`` (same numel and dtype everywhere),
+        sent as its bytes (the class docstring says why)."""
         import torch.distributed as dist
 
+        if not tensor.is_contiguous():
+            raise ValueError("WeightBroadcastGroup.broadcast needs a contiguous tensor")
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.pg.broadcast([tensor], opts).wait()
+        self.pg.broadcast([tensor.view(-1).view(torch.uint8)], opts).wait()
 
     def close(self) -> None:
         self.pg = None
