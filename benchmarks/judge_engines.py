@@ -277,6 +277,7 @@ async def ours_rows(
         )
         gap = args.spread_ms / 1e3 / max(len(reqs) - 1, 1)
         cached_before = engine.counters["cached_prompt_tokens"]
+        followed_before = engine.counters["followed"]
 
         async def one(i: int, r: Any) -> Any:
             await asyncio.sleep(i * gap)
@@ -286,12 +287,15 @@ async def ours_rows(
         await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
         wall = time.perf_counter() - t0
         cached = engine.counters["cached_prompt_tokens"] - cached_before
+        followed = engine.counters["followed"] - followed_before
         row(
             f"our SGLang engine, samples spread over {args.spread_ms:.0f} ms (one engine)",
             n,
             wall,
             RESULTS["plain_s"],
             cached_prompt_tokens=cached,
+            # samples that waited for their group's run, computed by an earlier one in flight
+            followed=followed,
             prompt_tokens=n * (args.shared + args.private),
             # what the window's arrivals cannot explain: the last sample's wait after it came
             after_last_arrival_ms=1e3 * (wall - gap * (len(reqs) - 1)),

@@ -908,3 +908,85 @@ async def test_logprob_verdict_in_one_pass(start: Any) -> None:
         lp_one, lp_zero = (-0.1, -2.5) if favour else (-2.5, -0.1)
         expected = math.exp(lp_one) / (math.exp(lp_one) + math.exp(lp_zero))
         assert out.extra["verdict_prob"] == pytest.approx(expected, abs=1e-9)
+
+
+# -- samples of a group arriving one by one follow the one computing their run ----------------
+def _keyed(reqs: list[EngineRequest], per_group: int) -> list[EngineRequest]:
+    """Each request's ``prefix_key``: its group, as the rewards set it."""
+    for i, r in enumerate(reqs):
+        r.prefix_key = f"group-{i // per_group}"
+    return reqs
+
+
+async def test_a_sample_arriving_while_its_group_s_run_is_computed_follows_it(
+    grouped_engine: Started,
+) -> None:
+    """Inline scoring: a group's samples reach the engine as batches of one. The second, sent
+    while the first is still being computed, reaches SGLang only after the first finished, and
+    takes the group's run from the cache; another group's sample is not held."""
+    engine, fake = grouped_engine
+    reqs = _keyed(_grouped(groups=2, per_group=2, shared=120, own=20), 2)
+    release = asyncio.Event()
+    fake.holds = [(list(reqs[0].prompt_token_ids or []), release)]
+    first = asyncio.ensure_future(engine.generate([reqs[0]]))
+    try:
+        assert await _until(
+            lambda: _at(fake, "arrive", list(reqs[0].prompt_token_ids or [])) is not None
+        )
+        second = asyncio.ensure_future(engine.generate([reqs[1]]))
+        other = await asyncio.wait_for(engine.generate([reqs[2]]), 10)  # group 1: not held
+        assert other[0].completion_tokens == 1
+        await asyncio.sleep(0.1)
+        assert _at(fake, "arrive", list(reqs[1].prompt_token_ids or [])) is None
+        assert engine.counters["followed"] == 1
+    finally:
+        fake.loop.call_soon_threadsafe(release.set)
+    await asyncio.wait_for(first, 10)
+    (out,) = await asyncio.wait_for(second, 10)
+    assert out.completion_tokens == 1
+    # the leader and group 1's sample computed everything; the follower read the run (120)
+    assert engine.counters["cached_prompt_tokens"] == 120
+
+
+async def test_a_follower_waits_no_longer_than_the_follow_limit(
+    grouped_engine: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader still running (a thinking judge decoding) holds its followers at most
+    ``FOLLOW_WAIT_S``: SGLang caches a running request's prompt, so they go out then."""
+    monkeypatch.setattr(sglang_mod, "FOLLOW_WAIT_S", 0.2)
+    engine, fake = grouped_engine
+    reqs = _keyed(_grouped(groups=1, per_group=2, shared=120, own=20), 2)
+    release = asyncio.Event()
+    fake.holds = [(list(reqs[0].prompt_token_ids or []), release)]
+    first = asyncio.ensure_future(engine.generate([reqs[0]]))
+    try:
+        assert await _until(
+            lambda: _at(fake, "arrive", list(reqs[0].prompt_token_ids or [])) is not None
+        )
+        (out,) = await asyncio.wait_for(engine.generate([reqs[1]]), 5)  # not behind the leader
+        assert out.completion_tokens == 1 and engine.counters["followed"] == 1
+    finally:
+        fake.loop.call_soon_threadsafe(release.set)
+    await asyncio.wait_for(first, 10)
+
+
+async def test_requests_without_a_key_or_of_a_finished_leader_go_out_at_once(
+    grouped_engine: Started,
+) -> None:
+    engine, fake = grouped_engine
+    reqs = _grouped(groups=1, per_group=3, shared=120, own=20)
+    release = asyncio.Event()
+    fake.holds = [(list(reqs[0].prompt_token_ids or []), release)]
+    first = asyncio.ensure_future(engine.generate([reqs[0]]))
+    try:
+        assert await _until(
+            lambda: _at(fake, "arrive", list(reqs[0].prompt_token_ids or [])) is not None
+        )
+        await asyncio.wait_for(engine.generate([reqs[1]]), 5)  # no prefix_key: never held
+    finally:
+        fake.loop.call_soon_threadsafe(release.set)
+    await asyncio.wait_for(first, 10)
+    keyed = _keyed(_grouped(groups=1, per_group=2, shared=120, own=20), 2)
+    await engine.generate([keyed[0]])
+    await asyncio.wait_for(engine.generate([keyed[1]]), 5)  # its leader is done: no wait
+    assert engine.counters["followed"] == 0

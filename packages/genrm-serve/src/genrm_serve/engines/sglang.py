@@ -99,7 +99,7 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
 )
 from genrm_serve.engines.output_tail import OutputTail
-from genrm_serve.engines.prefix_tree import build_forest
+from genrm_serve.engines.prefix_tree import build_forest, common_prefix_len
 from genrm_serve.engines.prompts import PromptEncoder
 from genrm_serve.engines.sglang_args import (
     check_known_server_args,
@@ -162,6 +162,13 @@ PREFIX_WARM_MIN_TOKENS = 64
 #: (a guess from the H200 shape: about four GRPO groups' question + reference a wave; tune it
 #: with ``benchmarks/judge_engines.py``, which measures it against all at once).
 PREFIX_WARM_WAVE_TOKENS: int | None = 2048
+
+
+#: The longest a request waits for the request of its group that is computing their shared run
+#: (:meth:`SGLangEngine._submit_or_follow`). A judge's prompt of a few hundred tokens is
+#: prefilled in tens of ms; a leader still running after this is decoding (a thinking judge),
+#: and SGLang has its prompt in the radix cache by then (it caches a running request's prefix).
+FOLLOW_WAIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -589,6 +596,7 @@ class SGLangEngine(Engine):
             "prefix_warmups": 0,
             "prefix_warm_tokens": 0,
             "cached_prompt_tokens": 0,
+            "followed": 0,  # requests that waited for their group's run (_submit_or_follow)
         }
         #: proves after each wake that the weights survived the sleep (``wake_check.py``)
         self.wake_check = WakeCheck(self, self.counters)
@@ -602,6 +610,9 @@ class SGLangEngine(Engine):
         #: what SGLang's processes last wrote to stderr (for the errors of a failed child)
         self._stderr_tail: OutputTail | None = None
         self._pending: set[concurrent.futures.Future[Any]] = set()
+        #: per ``prefix_key``, the prompt and future of the request computing the group's run now
+        #: (:meth:`_submit_or_follow`)
+        self._leaders: dict[str, tuple[list[int], asyncio.Future[Any]]] = {}
         self._last_output = 0.0
         self._control: asyncio.Lock | None = None
         #: the name of the weight-broadcast group SGLang's schedulers joined (init_weight_group)
@@ -822,12 +833,17 @@ class SGLangEngine(Engine):
         )
 
     async def _after_warm_up(
-        self, sgl: Any, warmup: asyncio.Future[Any], prep: _Prepared, return_tokens: bool
+        self,
+        sgl: Any,
+        warmup: asyncio.Future[Any],
+        prep: _Prepared,
+        return_tokens: bool,
+        wait_s: float | None = None,
     ) -> Any:
         """Submit a member of a group once its group's warm-up has finished (whatever its
-        outcome); ``asyncio.wait`` so that cancelling one member leaves the warm-up to the
-        others."""
-        await asyncio.wait([warmup])
+        outcome), or after ``wait_s``; ``asyncio.wait`` so that cancelling one member leaves the
+        warm-up to the others."""
+        await asyncio.wait([warmup], timeout=wait_s)
         return await self._submit(sgl, prep, return_tokens)
 
     async def _submit_all(
@@ -856,10 +872,10 @@ class SGLangEngine(Engine):
         runs = shared_prefixes(list(prompts.values()), PREFIX_WARM_MIN_TOKENS)
         members: dict[int, list[int]] = {}
         for i, r in zip(prompts, run_of_each(list(prompts.values()), runs), strict=True):
-            if r is None:
-                waits[i] = self._submit(sgl, prepared[i], requests[i].return_tokens)
-            else:
+            if r is not None:
                 members.setdefault(r, []).append(i)
+            else:
+                waits[i] = self._submit_or_follow(sgl, prepared[i], requests[i])
         params = {"max_new_tokens": 1, "temperature": 0.0}
         for wave in warm_waves(runs, PREFIX_WARM_WAVE_TOKENS):
             sent = [self._submit(sgl, _Prepared(runs[r], params, None), False) for r in wave]
@@ -867,11 +883,51 @@ class SGLangEngine(Engine):
             self.counters["prefix_warm_tokens"] += sum(len(runs[r]) for r in wave)
             for r, warmup in zip(wave, sent, strict=True):
                 for i in members.get(r, []):
+                    # a later sample of this group, in another batch, follows the warm-up too
+                    self._lead(requests[i].prefix_key, runs[r], warmup)
                     chained = self._after_warm_up(
                         sgl, warmup, prepared[i], requests[i].return_tokens
                     )
                     waits[i] = asyncio.ensure_future(chained)
             await self._warm_wave(sent)
+
+    def _submit_or_follow(
+        self, sgl: Any, prep: _Prepared, request: EngineRequest
+    ) -> asyncio.Future[Any]:
+        """Submit a request that shares no run with its batch, unless a request of its group
+        (the same ``prefix_key``) is computing their shared run right now: then it follows that
+        one, as a batch's members follow their warm-up.
+
+        Why: samples of a GRPO group reach a judge one by one as their rollouts finish (inline
+        scoring), each a batch of one. A run enters SGLang's radix cache only once the request
+        computing it is prefilled, so a sample arriving meanwhile would compute the whole
+        question and reference again (on the H200, 256 samples arriving within a second took
+        7,840 of 128,000 prompt tokens from the cache). Following costs it at most the rest of
+        one prefill, and never more than :data:`FOLLOW_WAIT_S`."""
+        key = request.prefix_key
+        leader = self._leaders.get(key) if key is not None else None
+        shared = common_prefix_len(leader[0], prep.ids) if leader is not None else 0
+        if leader is not None and not leader[1].done() and shared >= PREFIX_WARM_MIN_TOKENS:
+            self.counters["followed"] += 1
+            return asyncio.ensure_future(
+                self._after_warm_up(sgl, leader[1], prep, request.return_tokens, FOLLOW_WAIT_S)
+            )
+        fut = self._submit(sgl, prep, request.return_tokens)
+        if len(prep.ids) >= PREFIX_WARM_MIN_TOKENS:
+            self._lead(key, prep.ids, fut)
+        return fut
+
+    def _lead(self, key: str | None, ids: list[int], fut: asyncio.Future[Any]) -> None:
+        """``fut`` computes ``ids``: later requests of group ``key`` follow it until it is done."""
+        if key is None:
+            return
+        self._leaders[key] = (ids, fut)
+
+        def forget(done: asyncio.Future[Any]) -> None:
+            if self._leaders.get(key, (None, None))[1] is done:
+                del self._leaders[key]
+
+        fut.add_done_callback(forget)
 
     async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
         """Each request is its own ``async_generate``; errors stay with their request. Runs
