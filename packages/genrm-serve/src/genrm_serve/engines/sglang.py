@@ -882,9 +882,10 @@ class SGLangEngine(Engine):
             warmups.extend(sent)
             self.counters["prefix_warm_tokens"] += sum(len(runs[r]) for r in wave)
             for r, warmup in zip(wave, sent, strict=True):
+                # a later sample of this group, in another batch, follows the warm-up too
+                for key in {requests[i].prefix_key for i in members.get(r, [])}:
+                    self._lead(key, runs[r], warmup)
                 for i in members.get(r, []):
-                    # a later sample of this group, in another batch, follows the warm-up too
-                    self._lead(requests[i].prefix_key, runs[r], warmup)
                     chained = self._after_warm_up(
                         sgl, warmup, prepared[i], requests[i].return_tokens
                     )
