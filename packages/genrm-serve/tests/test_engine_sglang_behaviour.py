@@ -7,6 +7,7 @@ every test here failed on the engine written against the fake that did not model
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import subprocess
@@ -918,6 +919,23 @@ def _keyed(reqs: list[EngineRequest], per_group: int) -> list[EngineRequest]:
     return reqs
 
 
+@contextlib.asynccontextmanager
+async def _held(started: Started, req: EngineRequest) -> AsyncIterator[None]:
+    """``req`` sent alone and held in SGLang (arrived, not finished) for the block: a leader
+    still computing its group's run. Released, and its answer awaited, after."""
+    engine, fake = started
+    prompt = list(req.prompt_token_ids or [])
+    release = asyncio.Event()
+    fake.holds = [(prompt, release)]
+    leader = asyncio.ensure_future(engine.generate([req]))
+    try:
+        assert await _until(lambda: _at(fake, "arrive", prompt) is not None)
+        yield
+    finally:
+        fake.loop.call_soon_threadsafe(release.set)
+    await asyncio.wait_for(leader, 10)
+
+
 async def test_a_sample_arriving_while_its_group_s_run_is_computed_follows_it(
     grouped_engine: Started,
 ) -> None:
@@ -926,22 +944,13 @@ async def test_a_sample_arriving_while_its_group_s_run_is_computed_follows_it(
     takes the group's run from the cache; another group's sample is not held."""
     engine, fake = grouped_engine
     reqs = _keyed(_grouped(groups=2, per_group=2, shared=120, own=20), 2)
-    release = asyncio.Event()
-    fake.holds = [(list(reqs[0].prompt_token_ids or []), release)]
-    first = asyncio.ensure_future(engine.generate([reqs[0]]))
-    try:
-        assert await _until(
-            lambda: _at(fake, "arrive", list(reqs[0].prompt_token_ids or [])) is not None
-        )
+    async with _held(grouped_engine, reqs[0]):
         second = asyncio.ensure_future(engine.generate([reqs[1]]))
         other = await asyncio.wait_for(engine.generate([reqs[2]]), 10)  # group 1: not held
         assert other[0].completion_tokens == 1
         await asyncio.sleep(0.1)
         assert _at(fake, "arrive", list(reqs[1].prompt_token_ids or [])) is None
         assert engine.counters["followed"] == 1
-    finally:
-        fake.loop.call_soon_threadsafe(release.set)
-    await asyncio.wait_for(first, 10)
     (out,) = await asyncio.wait_for(second, 10)
     assert out.completion_tokens == 1
     # the leader and group 1's sample computed everything; the follower read the run (120)
@@ -954,38 +963,20 @@ async def test_a_follower_waits_no_longer_than_the_follow_limit(
     """A leader still running (a thinking judge decoding) holds its followers at most
     ``FOLLOW_WAIT_S``: SGLang caches a running request's prompt, so they go out then."""
     monkeypatch.setattr(sglang_mod, "FOLLOW_WAIT_S", 0.2)
-    engine, fake = grouped_engine
+    engine, _fake = grouped_engine
     reqs = _keyed(_grouped(groups=1, per_group=2, shared=120, own=20), 2)
-    release = asyncio.Event()
-    fake.holds = [(list(reqs[0].prompt_token_ids or []), release)]
-    first = asyncio.ensure_future(engine.generate([reqs[0]]))
-    try:
-        assert await _until(
-            lambda: _at(fake, "arrive", list(reqs[0].prompt_token_ids or [])) is not None
-        )
+    async with _held(grouped_engine, reqs[0]):
         (out,) = await asyncio.wait_for(engine.generate([reqs[1]]), 5)  # not behind the leader
         assert out.completion_tokens == 1 and engine.counters["followed"] == 1
-    finally:
-        fake.loop.call_soon_threadsafe(release.set)
-    await asyncio.wait_for(first, 10)
 
 
 async def test_requests_without_a_key_or_of_a_finished_leader_go_out_at_once(
     grouped_engine: Started,
 ) -> None:
-    engine, fake = grouped_engine
+    engine, _fake = grouped_engine
     reqs = _grouped(groups=1, per_group=3, shared=120, own=20)
-    release = asyncio.Event()
-    fake.holds = [(list(reqs[0].prompt_token_ids or []), release)]
-    first = asyncio.ensure_future(engine.generate([reqs[0]]))
-    try:
-        assert await _until(
-            lambda: _at(fake, "arrive", list(reqs[0].prompt_token_ids or [])) is not None
-        )
+    async with _held(grouped_engine, reqs[0]):
         await asyncio.wait_for(engine.generate([reqs[1]]), 5)  # no prefix_key: never held
-    finally:
-        fake.loop.call_soon_threadsafe(release.set)
-    await asyncio.wait_for(first, 10)
     keyed = _keyed(_grouped(groups=1, per_group=2, shared=120, own=20), 2)
     await engine.generate([keyed[0]])
     await asyncio.wait_for(engine.generate([keyed[1]]), 5)  # its leader is done: no wait

@@ -167,7 +167,8 @@ PREFIX_WARM_WAVE_TOKENS: int | None = 2048
 #: The longest a request waits for the request of its group that is computing their shared run
 #: (:meth:`SGLangEngine._submit_or_follow`). A judge's prompt of a few hundred tokens is
 #: prefilled in tens of ms; a leader still running after this is decoding (a thinking judge),
-#: and SGLang has its prompt in the radix cache by then (it caches a running request's prefix).
+#: and SGLang has its prompt in the radix cache by then (0.5.17 caches a request's prompt once
+#: its prefill is done: ``batch_result_processor.py``, ``maybe_cache_unfinished_req``).
 FOLLOW_WAIT_S = 0.5
 
 
