@@ -9,8 +9,9 @@ GPU and saved once, so that SGLang loads exactly the weights the transformers ro
 2. our hf engine (packed group prefixes, compiled layers);
 3. raw ``sglang.Engine``, the batch's prompts sent together, radix cache on (fresh groups);
 4. our SGLang engine, the whole batch at once (defer mode, ``generate_batch``): each group's
-   shared run computed first, its members sent when it finished, the warm-ups in waves of
-   ``PREFIX_WARM_WAVE_TOKENS``; then the same with every warm-up in one wave (fresh prompts);
+   shared run computed first, its members sent when it finished (the engine's default: every
+   warm-up in one wave); then the same with the warm-ups in waves of ``WAVES_COMPARED`` tokens
+   (fresh prompts);
 5. our SGLang engine through its worker, the samples arriving spread over ``--spread-ms`` (inline
    scoring as rollouts finish): what SGLang's radix cache gives without the batch-level warm-up;
 6. the compute bound on unique tokens at ``--tflops``;
@@ -128,6 +129,8 @@ def sglang_spec(model_dir: Path, args: argparse.Namespace, extra: dict[str, Any]
 #: Two first tokens whose log-probs at raw SGLang are this close are a bf16 tie: a cached
 #: prefix (ours) and a full prefill (raw) round differently, and either may win.
 TIE_NATS = 0.1
+#: The wave size the second batch row compares with the default of one wave (tokens of runs).
+WAVES_COMPARED = 2048
 
 
 def raw_rows(
@@ -235,8 +238,7 @@ async def batch_row(
         }
     tokens = sglang_mod.PREFIX_WARM_WAVE_TOKENS
     row(
-        f"our SGLang engine, the batch at once, warm-up waves {tag} "
-        f"(PREFIX_WARM_WAVE_TOKENS={tokens})",
+        f"our SGLang engine, the batch at once, warm-ups {tag} (PREFIX_WARM_WAVE_TOKENS={tokens})",
         n,
         sorted(times)[len(times) // 2],
         RESULTS["plain_s"],
@@ -261,12 +263,12 @@ async def ours_rows(
     n = args.groups * args.group_size
     try:
         await engine.generate(hf_engine._requests(fresh(args, vocab, 100), max_response_len=1))
-        await batch_row(engine, worker, args, vocab, raw, 200, "default")
-        # the same with every warm-up in one wave (fresh prompts: no help from the row above)
+        await batch_row(engine, worker, args, vocab, raw, 200, "in one wave (default)")
+        # the same with the warm-ups in waves (fresh prompts: no help from the row above)
         wave = sglang_mod.PREFIX_WARM_WAVE_TOKENS
-        sglang_mod.PREFIX_WARM_WAVE_TOKENS = None
+        sglang_mod.PREFIX_WARM_WAVE_TOKENS = WAVES_COMPARED
         try:
-            await batch_row(engine, worker, args, vocab, None, 500, "all at once")
+            await batch_row(engine, worker, args, vocab, None, 500, "in waves")
         finally:
             sglang_mod.PREFIX_WARM_WAVE_TOKENS = wave
         # inline scoring: the samples arrive one by one, spread over the window
@@ -400,6 +402,10 @@ def main() -> None:
     global OUT
     OUT = Path(args.out) if args.out else None
     extra = json.loads(args.server_args)
+    if not args.no_service:
+        # Ray before SGLang: an SGLang install that stubs IPython (the GPU machine's trimmed
+        # one) leaves a module Ray's logging then takes for a notebook (ImportError: get_ipython)
+        import ray  # noqa: F401
     # the hf rows (hf_engine's own code), then the weights saved for SGLang
     hf_args = argparse.Namespace(
         shape=args.shape, model=None, engine_module=None, groups=args.groups,

@@ -174,12 +174,38 @@ def exact_prompt(tokenizer: Any, seed: int) -> str:
     return text
 
 
-async def ours(model: Path, extra: dict[str, Any]) -> dict[str, Any]:
+async def via_rl_core(
+    engine: Any, tokenizer: Any, settings: Any, seeds: tuple[int, ...]
+) -> dict[str, Any]:
+    """rl-core's rollout (``generate_groups``) of 8 groups of 8 samples of one prompt each, one
+    call per seed; the last call is the figure."""
+    from rl_core.engines import LocalEngineHandle
+    from rl_core.rollout import generate_groups
+    from rl_core.sample import Sample
+
+    calls = []
+    for seed in seeds:
+        texts = [exact_prompt(tokenizer, seed * 1000 + g) for g in range(PROMPTS // GROUP)]
+        groups = [
+            [
+                Sample(prompt=texts[g], label=None, metadata={}, group_id=g, index=i)
+                for i in range(GROUP)
+            ]
+            for g in range(PROMPTS // GROUP)
+        ]
+        t0 = time.perf_counter()
+        done = await generate_groups([LocalEngineHandle(engine)], groups, tokenizer, settings)
+        dt = time.perf_counter() - t0
+        tokens = sum(len(x.response_tokens) for g in done for x in g)
+        calls.append({"s": dt, "tokens": tokens, "tok_s": tokens / dt})
+    return {"calls": calls, "tok_s": calls[-1]["tok_s"]}
+
+
+async def ours(model: Path, extra: dict[str, Any], weight_sync_too: bool = True) -> dict[str, Any]:
+    from genrm_serve.engines import sglang as sglang_mod
     from genrm_serve.engines.sglang import SGLangEngine
     from genrm_serve.engines.worker import EngineWorker
-    from rl_core.engines import LocalEngineHandle
-    from rl_core.rollout import RolloutSettings, generate_groups
-    from rl_core.sample import Sample
+    from rl_core.rollout import RolloutSettings
 
     s = spec(model, extra)
     engine = SGLangEngine(s, "rollout/0")
@@ -203,29 +229,21 @@ async def ours(model: Path, extra: dict[str, Any]) -> dict[str, Any]:
 
     tokenizer = engine.prompts.tokenizer if engine.prompts is not None else None
     settings = RolloutSettings(n_samples_per_prompt=GROUP, max_response_len=NEW)
-    calls = []
-    for seed in (3, 4):
-        texts = [exact_prompt(tokenizer, seed * 1000 + g) for g in range(PROMPTS // GROUP)]
-        groups = [
-            [
-                Sample(
-                    prompt=texts[g],
-                    label=None,
-                    metadata={},
-                    group_id=g,
-                    index=i,
-                )
-                for i in range(GROUP)
-            ]
-            for g in range(PROMPTS // GROUP)
-        ]
-        t0 = time.perf_counter()
-        done = await generate_groups([LocalEngineHandle(engine)], groups, tokenizer, settings)
-        dt = time.perf_counter() - t0
-        tokens = sum(len(x.response_tokens) for g in done for x in g)
-        calls.append({"s": dt, "tokens": tokens, "tok_s": tokens / dt})
-    out["rl_core_rollout"] = {"calls": calls, "tok_s": calls[-1]["tok_s"]}
+    out["rl_core_rollout"] = await via_rl_core(engine, tokenizer, settings, (3, 4))
     record(out)
+    # the same with each group's prompt computed ahead (as a judge batch is): what the
+    # prefill-bound rule (PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN) saves a rollout
+    ratio = sglang_mod.PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN
+    sglang_mod.PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN = None
+    try:
+        out["rl_core_rollout_warmed"] = await via_rl_core(engine, tokenizer, settings, (5, 6))
+    finally:
+        sglang_mod.PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN = ratio
+    out["rl_core_rollout_warmed"]["prefix_warmups"] = engine.counters["prefix_warmups"]
+    record(out)
+    if not weight_sync_too:
+        await worker.shutdown()
+        return out
     sync = await weight_sync(engine)
     model, reqs, synced = sync.pop("model"), sync.pop("requests"), sync.pop("greedy_after_sync")
     out["weight_sync"] = sync
@@ -321,6 +339,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server-args", default="{}", help="JSON: SGLang server args for both")
     ap.add_argument("--out", default=None, help="write the JSON here too (after each stage)")
+    ap.add_argument("--no-weight-sync", action="store_true", help="the rollout rows only")
     args = ap.parse_args()
     OUT_FILE = Path(args.out) if args.out else None
     extra = json.loads(args.server_args)
@@ -331,16 +350,22 @@ def main() -> None:
     model = write_model(Path(tempfile.mkdtemp(prefix="q06b_")))
     RESULTS["raw"] = raw_rollout(model, extra)
     record()
-    asyncio.run(ours(model, extra))
+    asyncio.run(ours(model, extra, weight_sync_too=not args.no_weight_sync))
     raw = RESULTS["raw"]["tok_s"]
     plain = RESULTS["raw"]["tok_s_no_logprobs"]
     print("| path | tokens/s (second call) | vs raw |\n|---|---|---|")
     print(f"| raw sgl.Engine.generate, tokens only | {plain:,.0f} | {plain / raw:.2f}x |")
     print(f"| raw sgl.Engine.generate, with log-probs (our workload) | {raw:,.0f} | 1.00x |")
-    for key, label in (("worker", "ours, engine worker"), ("rl_core_rollout", "ours, rl-core")):
+    for key, label in (
+        ("worker", "ours, engine worker"),
+        ("rl_core_rollout", "ours, rl-core"),
+        ("rl_core_rollout_warmed", "ours, rl-core, each group's prompt computed ahead"),
+    ):
         tok_s = RESULTS["ours"][key]["tok_s"]
         print(f"| {label} | {tok_s:,.0f} | {tok_s / raw:.2f}x |")
-    ws = RESULTS["ours"]["weight_sync"]
+    ws = RESULTS["ours"].get("weight_sync")
+    if ws is None:
+        return
     print(
         f"\nweight sync ({ws['gib']:.2f} GiB bf16, {ws['tensors']} tensors): SGLang's "
         f"update_weights_from_tensor {ws['sglang_update_weights_from_tensor_s']:.3f} s; ours "

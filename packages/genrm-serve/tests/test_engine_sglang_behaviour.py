@@ -823,6 +823,26 @@ async def test_warm_ups_go_out_in_waves(
     assert engine.counters["cached_prompt_tokens"] == 16 * 120  # each member: its run, no more
 
 
+async def test_a_rollout_s_samples_go_out_at_once_and_a_judge_s_are_warmed(
+    grouped_engine: Started,
+) -> None:
+    """A rollout group: 4 samples of one 140-token prompt, each to generate 200 tokens (more
+    than its prompt). They reach SGLang at once, with no warm-up ahead of them. The same
+    prompts with one-token replies (a judge's) wait for their group's warm-up."""
+    engine, _ = grouped_engine
+    rollout = _grouped(groups=1, per_group=4, shared=140, own=0)
+    for r in rollout:
+        r.sampling = r.sampling.model_copy(update={"max_response_len": 200})
+    outs = await asyncio.wait_for(engine.generate(rollout), 20)
+    assert len(outs) == 4 and engine.counters["prefix_warmups"] == 0
+    assert engine.counters["prefix_warm_tokens"] == 0
+    judge = _grouped(groups=1, per_group=4, shared=140, own=0)
+    for r in judge:
+        r.prompt_token_ids = [21, *list(r.prompt_token_ids or [])[1:]]  # a new prompt: uncached
+    await asyncio.wait_for(engine.generate(judge), 20)
+    assert engine.counters["prefix_warmups"] == 1
+
+
 def test_warm_waves_split_by_tokens() -> None:
     runs = [[1] * 100, [2] * 100, [3] * 300, [4] * 50]
     assert sglang_mod.warm_waves(runs, 250) == [[0, 1], [2], [3]]

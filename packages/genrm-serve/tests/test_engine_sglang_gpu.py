@@ -15,6 +15,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -321,10 +322,17 @@ async def test_started_on_sglang_s_defaults_with_prefill_graphs_off(engine: SGLa
 
 
 async def test_a_scheduler_dying_at_start_is_an_engine_error_and_this_process_lives(
-    tiny_dir: Path,
+    tiny_dir: Path, tmp_path: Path
 ) -> None:
-    # the memory fraction leaves no room for the KV cache: SGLang's scheduler fails while loading
-    e = SGLangEngine(_spec(tiny_dir, mem_fraction_static=0.001), "judge/oom")
+    # Weights that cannot be read: the host process reads only the config and the tokenizer, so
+    # SGLang's scheduler process is the one that dies, while loading them. (A tiny memory
+    # fraction does not do it on 0.5.17: the KV budget is free memory minus (1 - fraction) of
+    # the memory before the load, which a tiny model's weights leave positive on an H200.)
+    broken = tmp_path / "unreadable-weights"
+    shutil.copytree(tiny_dir, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"\xff" * 64)  # a header length no file has
+    e = SGLangEngine(_spec(broken), "judge/broken")
     with pytest.raises(EngineError) as info:
         await e.start()
     assert "did not start" in str(info.value)

@@ -157,11 +157,16 @@ CHILD_WATCH_S = 1.0
 #: costs more than recomputing it (a GRPO group's question + reference runs hundreds of tokens).
 PREFIX_WARM_MIN_TOKENS = 64
 #: The shared runs of one wave of warm-ups, in tokens (``None`` or 0: every run in one wave).
-#: The next wave goes out when this one's warm-ups have finished, so SGLang prefills it beside
-#: the previous groups' members instead of running a small warm-up-only batch and then idling
-#: (a guess from the H200 shape: about four GRPO groups' question + reference a wave; tune it
-#: with ``benchmarks/judge_engines.py``, which measures it against all at once).
-PREFIX_WARM_WAVE_TOKENS: int | None = 2048
+#: In waves, the next one goes out when the previous one's warm-ups have finished, beside the
+#: earlier groups' members. Off: on the H200 (Qwen3-4B shape, ``benchmarks/judge_engines.py``)
+#: one wave of all made 245 / 376 judgments/s where waves of 2,048 tokens made 178 / 234; a
+#: later wave waits for the earlier one's round trip, and SGLang prefills the first wave fast.
+PREFIX_WARM_WAVE_TOKENS: int | None = None
+#: Only a prefill-bound request is warmed up: one that generates at most this many tokens per
+#: prompt token (a judge's verdict over a question and a reference). A rollout's samples share
+#: their whole prompt too, but their decode dwarfs it, and a warm-up holds every member's first
+#: token back by a round trip. ``None``: warm up whatever the request generates.
+PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN: float | None = 1.0
 
 
 #: The longest a request waits for the request of its group that is computing their shared run
@@ -417,6 +422,13 @@ def run_of_each(prompts: list[list[int]], runs: list[list[int]]) -> list[int | N
                 best = r
         owners.append(best)
     return owners
+
+
+def prefill_bound(prep: _Prepared) -> bool:
+    """Whether computing ``prep``'s prompt is most of its work
+    (:data:`PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN`)."""
+    ratio = PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN
+    return ratio is None or prep.params["max_new_tokens"] <= ratio * len(prep.ids)
 
 
 def warm_waves(runs: list[list[int]], wave_tokens: int | None) -> list[list[int]]:
@@ -863,13 +875,13 @@ class SGLangEngine(Engine):
         recompute the group's question and reference; a run enters the radix cache when its
         request finishes. So each shared run (:func:`shared_prefixes`) is sent alone first, one
         new token, and its members (:func:`run_of_each`) go out as soon as *that* warm-up has
-        finished (not after every group's). Why waves (:data:`PREFIX_WARM_WAVE_TOKENS`): all
-        warm-ups at once make a small warm-up-only batch and leave the GPU idle during the round
-        trip before the members; in waves, the next wave goes out when the previous one's
-        warm-ups finish, i.e. together with the previous groups' members, and SGLang batches
-        both. A prompt that starts with no shared run is submitted at once. ``warmups`` collects
+        finished (not after every group's); :data:`PREFIX_WARM_WAVE_TOKENS` can split the
+        warm-ups into waves. A prompt that starts with no shared run, or that is not
+        :func:`prefill_bound`, is submitted at once. ``warmups`` collects
         the warm-ups in flight, for the caller to cancel."""
-        prompts = {i: p.ids for i, p in prepared.items()}
+        prompts = {i: p.ids for i, p in prepared.items() if prefill_bound(p)}
+        for i in prepared.keys() - prompts.keys():
+            waits[i] = self._submit_or_follow(sgl, prepared[i], requests[i])
         runs = shared_prefixes(list(prompts.values()), PREFIX_WARM_MIN_TOKENS)
         members: dict[int, list[int]] = {}
         for i, r in zip(prompts, run_of_each(list(prompts.values()), runs), strict=True):
