@@ -52,6 +52,7 @@ from genrm_rewards.judge_examples import (
     split_problems,
     write_examples,
 )
+from genrm_rewards.judge_format_examples import make_format_examples
 from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.prompts import PromptEncoder
 from genrm_serve.models import resolve_model_path
@@ -284,15 +285,21 @@ def load_or_build_cache(
     autocast: bool,
     ns: argparse.Namespace,
 ) -> list[torch.Tensor]:
-    """The frozen layers' states, from ``--cache-file`` when it holds these examples' states."""
+    """The frozen layers' states, from ``--cache-file`` when it holds these examples' states, or
+    those of their first ones (a run that appends examples, e.g. ``--format-examples``, builds
+    only the new ones' states)."""
+    cache: list[torch.Tensor] = []
     if ns.cache_file is not None and ns.cache_file.is_file():
-        cache: list[torch.Tensor] = torch.load(ns.cache_file, weights_only=True)
-        if len(cache) != len(items) or any(
-            c.shape[0] != len(ids) + 1 for c, (ids, _) in zip(cache, items, strict=True)
+        cache = torch.load(ns.cache_file, weights_only=True)
+        if len(cache) > len(items) or any(
+            c.shape[0] != len(ids) + 1
+            for c, (ids, _) in zip(cache, items[: len(cache)], strict=True)
         ):
             raise SystemExit(f"{ns.cache_file} was built for other examples: delete it")
-        return cache
-    cache = build_cache(split, items, tok, autocast, ns.batch_size * 2)
+        if len(cache) == len(items):
+            return cache
+        logger.info("%s holds the first %d examples' states", ns.cache_file, len(cache))
+    cache += build_cache(split, items[len(cache) :], tok, autocast, ns.batch_size * 2)
     if ns.cache_file is not None:
         torch.save(cache, ns.cache_file)
     return cache
@@ -354,6 +361,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-examples", type=int, default=1600)
     ap.add_argument("--held-out-examples", type=int, default=160)
+    ap.add_argument(
+        "--format-examples",
+        type=int,
+        default=0,
+        help="typesetting pairs appended to the training examples (judge_format_examples)",
+    )
     ap.add_argument("--held-out-fraction", type=float, default=0.1)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -421,6 +434,7 @@ def main() -> None:
         problems = load_dapo_problems(ns.dapo or default_dapo())
         train_p, held_p = split_problems(problems, ns.held_out_fraction)
         train = make_examples(train_p, ns.train_examples, seed=ns.seed)
+        train += make_format_examples(train_p, ns.format_examples, seed=ns.seed + 2)
         held = make_examples(held_p, ns.held_out_examples, seed=ns.seed + 1)
     if ns.dump_examples:
         ns.dump_examples.mkdir(parents=True, exist_ok=True)

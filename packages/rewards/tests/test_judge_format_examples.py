@@ -1,0 +1,61 @@
+"""Typesetting pairs for the judge: labelled by construction, seeded, balanced; no near miss is
+one math-verify proves equal, and the plain equivalents are ones it proves equal."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from genrm_rewards.judge_examples import NO_QUESTION, Problem
+from genrm_rewards.judge_format_examples import make_format_examples
+from genrm_rewards.rules import math_decide_sync
+from genrm_rewards.samples import extract_answer
+
+PROBLEMS = [Problem(f"Compute problem number {i}.", str(i)) for i in range(30)]
+
+
+def test_same_seed_same_examples_other_seed_others() -> None:
+    a = make_format_examples(PROBLEMS, 200, seed=3)
+    assert a == make_format_examples(PROBLEMS, 200, seed=3)
+    assert a != make_format_examples(PROBLEMS, 200, seed=4)
+
+
+def test_balanced_over_every_family_and_both_verdicts() -> None:
+    examples = make_format_examples(PROBLEMS, 3000, seed=0)
+    verdicts = Counter(e.verdict for e in examples)
+    assert 0.45 < verdicts[1] / len(examples) < 0.55
+    families = Counter(e.kind.split("/")[1] for e in examples)
+    assert set(families) == {
+        "int", "decimal", "money", "fraction", "letter", "matrix", "polynomial", "approx"
+    }  # fmt: skip
+    for family in families:
+        both = {e.verdict for e in examples if e.kind.split("/")[1] == family}
+        assert both == {0, 1}, family
+    assert 0.3 < sum(e.question == NO_QUESTION for e in examples) / len(examples) < 0.5
+    assert all(e.kind.split("/")[2].startswith("miss:") == (e.verdict == 0) for e in examples)
+
+
+def test_no_near_miss_is_proved_equal_and_plain_equivalents_are() -> None:
+    """math-verify is the oracle where it has a view: a miss it proves equal would teach the
+    judge a false 0. The equivalents it must prove are the numeric ones of plain typesetting."""
+    examples = make_format_examples(PROBLEMS, 600, seed=1)
+    plain = ("identical", "dollar", "boxed", "no_leading_zero", "trailing_zero", "unreduced",
+             "fraction", "slash", "dfrac", "sum", "thousands_comma")  # fmt: skip
+    proved = 0
+    for e in examples:
+        answer = extract_answer(e.response).strip().removesuffix(".")
+        answer = answer.removeprefix("The answer is ").removeprefix("Answer: ")
+        decision = math_decide_sync(e.label, answer)
+        form = e.kind.split("/")[2]
+        if e.verdict == 0:
+            assert decision != "equal", e
+        elif form in plain and e.kind.split("/")[1] in ("int", "decimal", "fraction"):
+            assert decision == "equal", e
+            proved += 1
+    assert proved > 50
+
+
+def test_no_problems_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        make_format_examples([], 3, seed=0)
