@@ -425,6 +425,11 @@ def main() -> None:
     logger.info("%s; bf16 autocast %s", where, autocast)
 
     if ns.examples is not None:
+        if ns.format_examples:
+            raise SystemExit(
+                f"--format-examples {ns.format_examples}: typesetting pairs are built from the "
+                "dapo questions (--dapo); with --examples, put them in your jsonl"
+            )
         examples = read_examples(ns.examples)
         rng = random.Random(ns.seed)
         rng.shuffle(examples)

@@ -245,6 +245,17 @@ async def test_broadcast_sync_gives_engines_their_first_ranks() -> None:
     await sync.setup()
     assert sorted(joined) == [(0, 4), (1, 4), (3, 4)]
 
+    class Silent(Engine):
+        async def stats(self) -> dict[str, Any]:
+            return {}
+
+    # an engine that does not say its size is refused before anyone waits on the group
+    joined.clear()
+    silent = BroadcastSync(Learner(), [Engine(1), Silent(2)])  # type: ignore[list-item]
+    with pytest.raises(RuntimeError, match=r"engines \[1\] report no weight_group_ranks"):
+        await silent.setup()
+    assert joined == []
+
 
 class FakeLearner:
     def __init__(self, buckets: int) -> None:

@@ -168,8 +168,14 @@ class BroadcastSync:
         (:func:`group_ranks`)."""
         if self._ready:
             return
-        sizes = [int((await e.stats()).get("weight_group_ranks", 1)) for e in self.engines]
-        first, world = group_ranks(sizes)
+        stats = await asyncio.gather(*(e.stats() for e in self.engines))
+        missing = [i for i, st in enumerate(stats) if "weight_group_ranks" not in st]
+        if missing:  # a guessed size would leave the group waiting for ranks that never join
+            raise RuntimeError(
+                f"rollout engines {missing} report no weight_group_ranks in stats(); "
+                "the weight group cannot be sized (genrm-serve older than rl-core?)"
+            )
+        first, world = group_ranks([int(st["weight_group_ranks"]) for st in stats])
         host, port = await self.learner.weight_group_address()
         await asyncio.gather(
             self.learner.init_weight_group(host, port, world, self.backend),

@@ -879,12 +879,13 @@ class SGLangEngine(Engine):
         warm-ups into waves. A prompt that starts with no shared run, or that is not
         :func:`prefill_bound`, is submitted at once. ``warmups`` collects
         the warm-ups in flight, for the caller to cancel."""
-        prompts = {i: p.ids for i, p in prepared.items() if prefill_bound(p)}
-        for i in prepared.keys() - prompts.keys():
-            waits[i] = self._submit_or_follow(sgl, prepared[i], requests[i])
-        runs = shared_prefixes(list(prompts.values()), PREFIX_WARM_MIN_TOKENS)
+        bound = [i for i, p in prepared.items() if prefill_bound(p)]
+        prompts = [prepared[i].ids for i in bound]
+        runs = shared_prefixes(prompts, PREFIX_WARM_MIN_TOKENS)
+        owner = dict(zip(bound, run_of_each(prompts, runs), strict=True))
         members: dict[int, list[int]] = {}
-        for i, r in zip(prompts, run_of_each(list(prompts.values()), runs), strict=True):
+        for i in prepared:  # in the batch's order
+            r = owner.get(i)
             if r is not None:
                 members.setdefault(r, []).append(i)
             else:
