@@ -503,9 +503,24 @@ def test_engine_restarted_by_ray_is_started_again_and_rejoins(
 ) -> None:
     args, handle = solo
     headers = {"Authorization": f"Bearer {API_KEY}"}
+    assert _post(args, "/generate", {"messages": [USER]}, headers=headers).status_code == 200
+    assert ray.get(handle.stats.remote(), timeout=30)["batches"] > 0
     ray.kill(handle, no_restart=False)  # Ray restarts the actor; its model must be loaded again
-    down = _wait_health(args, 503, 30)  # a probe of the restarting actor may take its 10 s deadline
-    assert down["instances"][DEFAULT_ROUTE_KEY]["engines_healthy"] == 0
+
+    def started_afresh() -> bool:
+        # The scripted engine restarts faster than a health poll can always see the outage
+        # (503), so the proof is the actor itself: a new process (its counters from zero) that
+        # the supervisor started again (a fresh actor is "created" until then).
+        try:
+            st = ray.get(handle.stats.remote(), timeout=10)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+        return st["batches"] == 0 and st["state"] != "created"
+
+    deadline = time.monotonic() + 60
+    while not started_afresh():
+        assert time.monotonic() < deadline, "the restarted actor was not started again"
+        time.sleep(0.1)
     _wait_health(args, 200, 60)
     r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
     assert r.status_code == 200 and r.json()["response"] == "1"
