@@ -16,7 +16,7 @@ import pytest
 import ray
 
 from genrm_serve.cli import main
-from genrm_serve.testing import lines_until
+from genrm_serve.testing import free_port, lines_until
 
 GOOD = '{"a": {"model_path": "scripted", "num_gpus": 1}}'
 
@@ -181,6 +181,12 @@ def test_run_serves_two_instances_until_shutdown(tmp_path: Path, unused_port: in
         "  safety: {model_path: 'scripted:s', num_gpus: 2}\n"
     )
     proc, lines = _run(["--config", str(config), "--port", str(port)], {"GENRM_API_KEY": ""})
+    if any("Failed to bind to address" in line for line in lines):
+        # another test process took the port between its choice and Serve's bind: once more
+        proc.kill()
+        proc.wait()
+        port = free_port()
+        proc, lines = _run(["--config", str(config), "--port", str(port)], {"GENRM_API_KEY": ""})
     try:
         assert any(line.startswith("ready:") for line in lines), "".join(lines[-30:])
         url = f"http://127.0.0.1:{port}/genrm"
