@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +15,12 @@ from genrm_serve import models
 from genrm_serve.config import DEFAULT_SAMPLING, InstanceSpec
 from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.hf import HFEngine
-from genrm_serve.models import ensure_embedded_model, resolve_model_path
+from genrm_serve.models import (
+    TOKENIZER_PROBE,
+    check_tokenizer,
+    ensure_embedded_model,
+    resolve_model_path,
+)
 from genrm_serve.testing import build_tiny_model, require_embedded_model
 
 
@@ -25,7 +32,7 @@ def test_concurrent_callers_convert_once(tmp_path: Path, monkeypatch: pytest.Mon
         time.sleep(0.3)
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
-        (out / models._MARKER).write_text("{}")
+        (out / models._MARKER).write_text(json.dumps({"tokenizer_probe": TOKENIZER_PROBE[1]}))
 
     monkeypatch.setattr(models, "_convert_gemma", convert)
     results: list[Path] = []
@@ -53,6 +60,38 @@ def test_failed_conversion_leaves_nothing_behind(
     with pytest.raises(RuntimeError, match="disk full"):
         ensure_embedded_model(tmp_path)
     assert not (tmp_path / "gemma3-270m").exists()
+
+
+def test_a_folder_converted_without_the_tokenizer_check_is_converted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache made before the check (or by a transformers that broke the tokenizer) carries no
+    probe in its marker: it is converted again instead of being served as it is."""
+    stale = tmp_path / "gemma3-270m"
+    stale.mkdir()
+    (stale / models._MARKER).write_text(json.dumps({"name": "gemma3-270m"}))
+    (stale / "tokenizer.json").write_text("character-level")
+
+    def convert(work: Path, out: Path) -> None:
+        out.mkdir(parents=True)
+        (out / "tokenizer.json").write_text("sentencepiece")
+        (out / models._MARKER).write_text(json.dumps({"tokenizer_probe": TOKENIZER_PROBE[1]}))
+
+    monkeypatch.setattr(models, "_convert_gemma", convert)
+    assert ensure_embedded_model(tmp_path) == stale
+    assert (stale / "tokenizer.json").read_text() == "sentencepiece"
+
+
+def test_a_character_level_tokenizer_is_refused_with_the_transformers_version() -> None:
+    """What transformers 5.17 makes of the GGUF vocabulary: one id per character, no BOS."""
+    expected = TOKENIZER_PROBE[1]
+
+    def char_level(s: str) -> SimpleNamespace:
+        return SimpleNamespace(input_ids=[236700 + ord(c) % 200 for c in s])
+
+    with pytest.raises(RuntimeError, match=r"transformers \S+ converted the GGUF tokenizer"):
+        check_tokenizer(char_level)
+    check_tokenizer(lambda s: SimpleNamespace(input_ids=list(expected)))
 
 
 def test_cache_dir_comes_from_the_environment(
@@ -88,6 +127,9 @@ async def test_embedded_gemma_answers_a_judge_prompt() -> None:
     engine = HFEngine(spec, "judge/0")
     await engine.start()
     assert engine.model.config.model_type.startswith("gemma3")
+    from transformers import AutoTokenizer
+
+    check_tokenizer(AutoTokenizer.from_pretrained(resolve_model_path("embedded")))
     prompt = (
         "Compare the model's answer with the reference answer. Reply 1 if they are consistent, "
         "0 if not.\nReference answer: 42\nModel answer: the result is 42."

