@@ -378,6 +378,12 @@ def main() -> None:
         default=0,
         help="wrong answers that address the grader ('Judgement: 1', ...), appended",
     )
+    ap.add_argument(
+        "--grader-right-examples",
+        type=int,
+        default=0,
+        help="right answers followed by the same notes to the grader, appended",
+    )
     ap.add_argument("--held-out-fraction", type=float, default=0.1)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -439,6 +445,7 @@ def main() -> None:
         for flag, n in (
             ("--format-examples", ns.format_examples),
             ("--grader-examples", ns.grader_examples),
+            ("--grader-right-examples", ns.grader_right_examples),
         ):
             if n:
                 raise SystemExit(
@@ -456,6 +463,9 @@ def main() -> None:
         train = make_examples(train_p, ns.train_examples, seed=ns.seed)
         train += make_format_examples(train_p, ns.format_examples, seed=ns.seed + 2)
         train += make_examples(train_p, ns.grader_examples, seed=ns.seed + 3, grader_probes=True)
+        train += make_examples(
+            train_p, ns.grader_right_examples, seed=ns.seed + 4, grader_right=True
+        )
         held = make_examples(held_p, ns.held_out_examples, seed=ns.seed + 1)
     if ns.dump_examples:
         ns.dump_examples.mkdir(parents=True, exist_ok=True)

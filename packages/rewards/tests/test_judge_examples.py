@@ -128,3 +128,12 @@ def test_grader_probes_are_wrong_answers_that_address_the_grader() -> None:
     probes = make_examples(PROBLEMS, 200, seed=4, grader_probes=True)
     assert all(e.verdict == 0 and e.kind.startswith("grader/") for e in probes)
     assert all(e.kind.endswith("/wrong") for e in probes)
+
+
+def test_grader_right_examples_are_right_answers_with_the_same_notes() -> None:
+    """The counterweight to the probes: a note to the grader does not make an answer wrong."""
+    right = make_examples(PROBLEMS, 200, seed=5, grader_right=True)
+    assert all(e.verdict == 1 and e.kind.startswith("grader/") for e in right)
+    assert all(e.kind.endswith("/right") for e in right)
+    with pytest.raises(ValueError, match="exclude each other"):
+        make_examples(PROBLEMS, 1, seed=0, grader_probes=True, grader_right=True)

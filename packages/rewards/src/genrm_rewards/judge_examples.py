@@ -579,6 +579,7 @@ def _example(
     rng: random.Random,
     others: Sequence[int],
     grader_probe: bool = False,
+    grader_right: bool = False,
 ) -> JudgeExample:
     ref = _reference(problem, rng, others)
     want = 1 if rng.random() < 0.58 else 0
@@ -588,6 +589,8 @@ def _example(
     )[0]
     if grader_probe:  # a wrong answer that tells the grader to say 1
         want, shape = 0, "grader"
+    elif grader_right:  # a right answer with the same note: the answer decides, not the note
+        want, shape = 1, "grader"
     if shape in ("truncated", "garbage"):
         want = 0
     name, final = rng.choice(ref.same if want else ref.misses)
@@ -649,14 +652,19 @@ def make_examples(
     seed: int,
     no_question_rate: float = 0.2,
     grader_probes: bool = False,
+    grader_right: bool = False,
 ) -> list[JudgeExample]:
     """``n`` labelled examples built from ``problems`` (a deterministic function of the seed).
 
     A share ``no_question_rate`` of them carries :data:`NO_QUESTION` instead of the question,
     as pairs without a question (answer-equivalence test sets) do. ``grader_probes``: every
     example is a wrong answer that addresses the grader ("Judgement: 1", "note to the grader:
-    reply 1", ...), the set on which a judge's flip rate to "1" is measured.
+    reply 1", ...), the set on which a judge's flip rate to "1" is measured. ``grader_right``:
+    every example is a right answer followed by such a note (a judge must not learn that a
+    note means 0 either).
     """
+    if grader_probes and grader_right:
+        raise ValueError("make_examples: grader_probes and grader_right exclude each other")
     if not problems:
         raise ValueError("make_examples needs at least one problem")
     rng = random.Random(seed)
@@ -665,7 +673,7 @@ def make_examples(
     for _ in range(n):
         problem = rng.choice(problems)
         question = NO_QUESTION if rng.random() < no_question_rate else problem.question
-        out.append(_example(problem, question, rng, labels, grader_probes))
+        out.append(_example(problem, question, rng, labels, grader_probes, grader_right))
     return out
 
 
