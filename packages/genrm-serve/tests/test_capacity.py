@@ -178,12 +178,14 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_sigterm_while_waiting_for_health_ends_run_and_its_ray(unused_port: int) -> None:
-    # Engines that never pass a health probe: `run` waits for health until its ready timeout.
+    # Engines that are still loading (a start that takes ten minutes): `run` is inside its wait
+    # for health. An engine that fails its probes would be re-created and then refused, which
+    # ends `run` on its own, and on a fast machine before the signal is sent.
     proc = subprocess.Popen(
         _run_cmd(
             unused_port,
             "--genrm-model-path",
-            'scripted:{"healthy": false}',
+            'scripted:{"start_delay_s": 600}',
             "--num-cpus",
             "2",
             "--engine-num-cpus",
