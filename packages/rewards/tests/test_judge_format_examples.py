@@ -27,7 +27,8 @@ def test_balanced_over_every_family_and_both_verdicts() -> None:
     assert 0.45 < verdicts[1] / len(examples) < 0.55
     families = Counter(e.kind.split("/")[1] for e in examples)
     assert set(families) == {
-        "int", "decimal", "money", "fraction", "letter", "matrix", "polynomial", "approx"
+        "int", "decimal", "money", "fraction", "letter", "matrix", "polynomial", "approx",
+        "inequality", "word", "mixed",
     }  # fmt: skip
     for family in families:
         both = {e.verdict for e in examples if e.kind.split("/")[1] == family}
@@ -54,6 +55,22 @@ def test_no_near_miss_is_proved_equal_and_plain_equivalents_are() -> None:
             assert decision == "equal", e
             proved += 1
     assert proved > 50
+
+
+def test_inequalities_and_mixed_numbers_hold_their_value() -> None:
+    """The equivalent forms of these two families are ones math-verify proves equal (the oracle
+    has a view on both), and no near miss is one. A negative bound written first (``-6 \\geq t``)
+    is beyond its parser, so that form is only held to the second rule."""
+    examples = [e for e in make_format_examples(PROBLEMS, 3000, seed=2)
+                if e.kind.split("/")[1] in ("inequality", "mixed")]  # fmt: skip
+    assert len(examples) > 200
+    for e in examples:
+        answer = e.response.removeprefix("The answer is ").removeprefix("Answer: ").strip()
+        decision = math_decide_sync(e.label, answer.removesuffix("."))
+        if e.verdict == 0:
+            assert decision == "not_equal", e
+        elif not e.kind.endswith("/bound_first"):
+            assert decision == "equal", e
 
 
 def test_no_problems_is_an_error() -> None:

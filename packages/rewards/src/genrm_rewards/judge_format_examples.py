@@ -3,8 +3,9 @@
 :mod:`genrm_rewards.judge_examples` dresses a reference the way a policy's reasoning ends (boxed,
 in a sentence, after a change of mind). Answer-equivalence sets, and users' own pairs, also
 compare bare answers typeset differently: ``.4`` and ``0.4``, ``\\dfrac13`` and ``1/3``,
-``\\textbf{(C)}`` and ``C``, ``bmatrix`` and ``pmatrix``, ``2x+1+x^2`` and ``x^2+2x+1``, ``y = `` in
-front of the same expression, or the same string inside ``$ ... $`` / ``\\( ... \\)`` /
+``\\textbf{(C)}`` and ``C``, ``bmatrix`` and ``pmatrix``, ``x \\ge 5`` and ``5 \\leq x``,
+``918\\frac12`` and ``918.5``, ``\\text{Evelyn}`` and ``Evelyn``, ``2x+1+x^2`` and ``x^2+2x+1``,
+``y = `` in front of the same expression, or the same string inside ``$ ... $`` / ``\\( ... \\)`` /
 ``\\[ ... \\]``. A judge that has seen few of these says 0 to whatever looks unfamiliar. This
 module makes such pairs, balanced: each family gives the reference, equivalent forms (verdict 1)
 and near misses in the same typesetting (verdict 0: a sign, a digit, another letter, one matrix
@@ -254,6 +255,81 @@ def _approx_family(rng: random.Random) -> _Family:
     return label, same, misses
 
 
+_GREATER = {False: (">", ["\\gt", ">"]), True: ("\\geq", ["\\geq", "\\ge", ">=", "≥"])}
+_LESS = {False: ("<", ["\\lt", "<"]), True: ("\\leq", ["\\leq", "\\le", "<=", "≤"])}
+
+
+def _inequality_family(rng: random.Random) -> _Family:
+    """``x \\geq 5``: the other spellings of the sign, the bound written first, the interval."""
+    var, b = rng.choice("xyntk"), rng.randint(-9, 20)
+    closed, greater = rng.random() < 0.6, rng.random() < 0.5
+    same_sign, flip_sign = (_GREATER, _LESS) if greater else (_LESS, _GREATER)
+    sign, spellings = same_sign[closed]
+    label = rng.choice([f"{var} {sign} {b}", f"${var} {sign} {b}$", f"{var} {spellings[-2]} {b}"])
+    same = [(f"sign_{i}", f"{var} {s} {b}") for i, s in enumerate(spellings)]
+    same.append(("bound_first", f"{b} {flip_sign[closed][0]} {var}"))
+    bracket = ("[" if closed else "(") if greater else ("]" if closed else ")")
+    same.append(
+        ("interval", f"[{b}, \\infty)" if bracket == "[" else f"({b}, \\infty)")
+        if greater
+        else ("interval", f"(-\\infty, {b}]" if bracket == "]" else f"(-\\infty, {b})")
+    )
+    misses = [
+        ("direction", f"{var} {flip_sign[closed][0]} {b}"),
+        ("strictness", f"{var} {same_sign[not closed][0]} {b}"),
+        ("bound_off", f"{var} {rng.choice(spellings)} {b + rng.choice([-1, 1])}"),
+        ("bound_first_direction", f"{b} {sign} {var}"),
+    ]
+    return label, same, misses
+
+
+_WORDS = ("Evelyn", "Carla", "Tuesday", "odd", "even", "north", "yes", "blue", "Alice", "square")
+
+
+def _word_family(rng: random.Random) -> _Family:
+    """A word answer (a name, a day, parity): the same word in any text command or case."""
+    word = rng.choice(_WORDS)
+    other = rng.choice([w for w in _WORDS if w != word])
+    label = rng.choice([word, f"\\text{{{word}}}", f"$\\text{{{word}}}$"])
+    same = [
+        ("bare", word),
+        ("text", f"\\text{{{word}}}"),
+        ("textbf", f"\\textbf{{{word}}}"),
+        ("mathrm", f"\\mathrm{{{word}}}"),
+        ("case", word.lower() if word[0].isupper() else word.capitalize()),
+    ]
+    i = rng.randrange(len(word))
+    misses = [
+        ("other_word", other),
+        ("other_word_text", f"\\text{{{other}}}"),
+        ("misspelt", word[: i + 1] + word[i] + word[i + 1 :]),
+        ("dropped_letter", word[:i] + word[i + 1 :]),
+    ]
+    return label, same, [m for m in misses if m[1].lower() != word.lower()]
+
+
+def _mixed_family(rng: random.Random) -> _Family:
+    """A mixed number ``918\\frac{1}{2}``: its decimal and improper forms are the same value."""
+    whole, q = rng.randint(1, 999), rng.choice([2, 4, 5, 8])
+    p = rng.choice([k for k in range(1, q) if Fraction(k, q).denominator == q])
+    value = whole + Fraction(p, q)
+    label = rng.choice([f"{whole}\\frac{{{p}}}{{{q}}}", f"{whole} \\frac{{{p}}}{{{q}}}"])
+    same = [
+        ("identical", f"{whole}\\frac{{{p}}}{{{q}}}"),
+        ("decimal", f"{float(value):.10g}"),
+        ("improper", f"\\frac{{{value.numerator}}}{{{value.denominator}}}"),
+        ("slash", f"{value.numerator}/{value.denominator}"),
+    ]
+    other = value + Fraction(1, q) if p + 1 < q else value - Fraction(1, q)
+    misses = [
+        ("decimal_off", f"{float(other):.10g}"),
+        ("whole_only", str(whole)),
+        ("product", f"{float(whole * Fraction(p, q)):.10g}"),
+        ("improper_off", f"\\frac{{{value.numerator + 1}}}{{{value.denominator}}}"),
+    ]
+    return label, same, misses
+
+
 _FAMILIES: list[tuple[str, Callable[[random.Random], _Family], float]] = [
     ("int", _int_family, 0.25),
     ("decimal", _decimal_family, 0.15),
@@ -263,6 +339,9 @@ _FAMILIES: list[tuple[str, Callable[[random.Random], _Family], float]] = [
     ("matrix", _matrix_family, 0.08),
     ("polynomial", _polynomial_family, 0.12),
     ("approx", _approx_family, 0.08),
+    ("inequality", _inequality_family, 0.08),
+    ("word", _word_family, 0.06),
+    ("mixed", _mixed_family, 0.05),
 ]
 
 
