@@ -485,7 +485,13 @@ def main() -> None:
     tok = Tokenised(model_dir, ns.max_len)
     train_items = [(tok.prompt_ids(e), e.verdict) for e in train]
     held_items = [(tok.prompt_ids(e), e.verdict) for e in held]
-    base: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # Eager attention where the whole model trains on left-padded rows: its additive mask keeps
+    # a padded row finite, and it is what transformers recommends for training Gemma models.
+    # A bs-64 GPU run on sdpa went to NaN at step ~115 (cause not isolated).
+    whole = device == "cuda" or ns.no_cut
+    base: Any = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, **({"attn_implementation": "eager"} if whole else {})
+    ).eval()
     base.requires_grad_(False)
     n_layers = int(base.config.get_text_config().num_hidden_layers)
     if not 0 < ns.top_layers <= n_layers:
@@ -494,7 +500,7 @@ def main() -> None:
     split: SplitModel | None = None
     cache: list[torch.Tensor] = []
     t_cache = time.monotonic()
-    if device == "cuda" or ns.no_cut:
+    if whole:
         base.to(device)  # a GPU runs the frozen layers every step faster than a cache loads
     else:
         split = SplitModel(base, ns.top_layers)
