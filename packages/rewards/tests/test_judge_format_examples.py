@@ -28,7 +28,7 @@ def test_balanced_over_every_family_and_both_verdicts() -> None:
     families = Counter(e.kind.split("/")[1] for e in examples)
     assert set(families) == {
         "int", "decimal", "money", "fraction", "letter", "matrix", "polynomial", "approx",
-        "inequality", "word", "mixed",
+        "inequality", "word", "mixed", "equation", "percent",
     }  # fmt: skip
     for family in families:
         both = {e.verdict for e in examples if e.kind.split("/")[1] == family}
@@ -57,13 +57,14 @@ def test_no_near_miss_is_proved_equal_and_plain_equivalents_are() -> None:
     assert proved > 50
 
 
-def test_inequalities_and_mixed_numbers_hold_their_value() -> None:
-    """The equivalent forms of these two families are ones math-verify proves equal (the oracle
-    has a view on both), and no near miss is one. A negative bound written first (``-6 \\geq t``)
+def test_inequalities_mixed_numbers_equations_and_percents_hold_their_value() -> None:
+    """The equivalent forms of these families are ones math-verify proves equal (the oracle has
+    a view on each), and no near miss is one. A negative bound written first (``-6 \\geq t``)
     is beyond its parser, so that form is only held to the second rule."""
+    held = ("inequality", "mixed", "equation", "percent")
     examples = [e for e in make_format_examples(PROBLEMS, 3000, seed=2)
-                if e.kind.split("/")[1] in ("inequality", "mixed")]  # fmt: skip
-    assert len(examples) > 200
+                if e.kind.split("/")[1] in held]  # fmt: skip
+    assert len(examples) > 400
     for e in examples:
         answer = e.response.removeprefix("The answer is ").removeprefix("Answer: ").strip()
         decision = math_decide_sync(e.label, answer.removesuffix("."))

@@ -5,11 +5,12 @@ in a sentence, after a change of mind). Answer-equivalence sets, and users' own 
 compare bare answers typeset differently: ``.4`` and ``0.4``, ``\\dfrac13`` and ``1/3``,
 ``\\textbf{(C)}`` and ``C``, ``bmatrix`` and ``pmatrix``, ``x \\ge 5`` and ``5 \\leq x``,
 ``918\\frac12`` and ``918.5``, ``\\text{Evelyn}`` and ``Evelyn``, ``2x+1+x^2`` and ``x^2+2x+1``,
-``y = `` in front of the same expression, or the same string inside ``$ ... $`` / ``\\( ... \\)`` /
-``\\[ ... \\]``. A judge that has seen few of these says 0 to whatever looks unfamiliar. This
-module makes such pairs, balanced: each family gives the reference, equivalent forms (verdict 1)
-and near misses in the same typesetting (verdict 0: a sign, a digit, another letter, one matrix
-entry, a coefficient).
+``x = 5`` or ``x = 1, x = 3`` for the value or the root set, ``28\\%`` and ``28 percent`` or
+``0.28``, ``y = `` in front of the same expression, or the same string inside ``$ ... $`` /
+``\\( ... \\)`` / ``\\[ ... \\]``. A judge that has seen few of these says 0 to whatever looks
+unfamiliar. This module makes such pairs, balanced: each family gives the reference, equivalent
+forms (verdict 1) and near misses in the same typesetting (verdict 0: a sign, a digit, another
+letter, one matrix entry, a coefficient).
 
 Deterministic in (problems, seed); the questions come from the problems (or
 :data:`~genrm_rewards.judge_examples.NO_QUESTION`), the values from the seeded generator, never
@@ -330,6 +331,63 @@ def _mixed_family(rng: random.Random) -> _Family:
     return label, same, misses
 
 
+def _equation_family(rng: random.Random) -> _Family:
+    """An answer written as the equation that solves for it (``x = 5``), or a root set written as
+    equations, in any order: the value is the answer, the variable's name is dress."""
+    var = rng.choice("xyzabnt")
+    if rng.random() < 0.5:
+        v = rng.randint(-30, 30)
+        label = rng.choice([str(v), f"${v}$"])
+        same = [
+            ("equation", f"{var} = {v}"),
+            ("equation_tight", f"{var}={v}"),
+            ("boxed_equation", f"\\boxed{{{var} = {v}}}"),
+            ("value", str(v)),
+        ]
+        misses = [
+            ("equation_off", f"{var} = {v + rng.choice([-1, 1])}"),
+            ("equation_times_two", f"{var} = {2 * v if v else 2}"),
+        ]
+        if v:
+            misses.append(("equation_sign", f"{var} = {-v}"))
+        return label, same, misses
+    a, b = rng.sample(range(-12, 13), 2)
+    c = rng.choice([k for k in range(-12, 13) if k not in (a, b)])
+    label = rng.choice([f"{a}, {b}", f"\\{{{a}, {b}\\}}"])
+    same = [
+        ("roots", f"{var} = {a}, {var} = {b}"),
+        ("roots_or", f"{var} = {a} \\text{{ or }} {var} = {b}"),
+        ("reordered", f"{b}, {a}"),
+        ("member_of", f"{var} \\in \\{{{a}, {b}\\}}"),
+    ]
+    misses = [
+        ("one_root", f"{var} = {a}"),
+        ("root_off", f"{var} = {a}, {var} = {c}"),
+        ("other_pair", f"{b}, {c}"),
+    ]
+    return label, same, misses
+
+
+def _percent_family(rng: random.Random) -> _Family:
+    """A percentage: the sign spelt out or typeset, or the same share as a decimal."""
+    n = rng.randint(1, 99)
+    label = rng.choice([f"{n}\\%", f"${n}\\%$"])
+    same = [
+        ("percent_sign", f"{n}%"),
+        ("spaced", f"{n} \\%"),
+        ("word", f"{n} percent"),
+        ("text_word", f"{n}\\text{{ percent}}"),
+        ("share", f"{n / 100:.10g}"),
+    ]
+    misses = [
+        ("off_by_one", f"{n + 1}\\%"),
+        ("tenth", f"{n / 10:.10g}\\%"),
+        ("share_off", f"{n / 1000:.10g}"),
+        ("complement", f"{100 - n}\\%"),
+    ]
+    return label, same, [m for m in misses if m[1] != f"{n}\\%"]
+
+
 _FAMILIES: list[tuple[str, Callable[[random.Random], _Family], float]] = [
     ("int", _int_family, 0.25),
     ("decimal", _decimal_family, 0.15),
@@ -342,6 +400,8 @@ _FAMILIES: list[tuple[str, Callable[[random.Random], _Family], float]] = [
     ("inequality", _inequality_family, 0.08),
     ("word", _word_family, 0.06),
     ("mixed", _mixed_family, 0.05),
+    ("equation", _equation_family, 0.08),
+    ("percent", _percent_family, 0.05),
 ]
 
 
