@@ -634,7 +634,13 @@ def main() -> None:
     logger.info("held out (in-script, greedy over the vocabulary): %s", scores)
     meta = {
         "base_model": ns.model,
-        "data": "user examples" if ns.examples else "dapo-math-17k by construction",
+        "data": "user examples"
+        if ns.examples
+        else (
+            f"dapo-math-17k by construction ({ns.train_examples}), plus {ns.format_examples} "
+            f"typesetting pairs, {ns.grader_examples} grader-addressed wrong answers and "
+            f"{ns.grader_right_examples} right answers with notes to the grader"
+        ),
         "seed": ns.seed,
         "init_adapter": str(ns.init_adapter) if ns.init_adapter else None,
         "steps": step,
