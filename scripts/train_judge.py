@@ -190,8 +190,8 @@ class SplitModel:
 
         text = base.config.get_text_config()
         total = int(text.num_hidden_layers)
-        if not 0 < n_top <= total:
-            raise SystemExit(f"--top-layers {n_top}: the model has {total} layers")
+        if not 0 < n_top < total:  # a cut needs at least one frozen layer below it
+            raise SystemExit(f"--top-layers {n_top}: a cut model needs 1 to {total - 1}")
         self.base, self.cut, self.total = base, total - n_top, total
         config = copy.deepcopy(base.config)
         config.num_hidden_layers = n_top
@@ -384,6 +384,12 @@ def main() -> None:
         default=0,
         help="right answers followed by the same notes to the grader, appended",
     )
+    ap.add_argument(
+        "--solution-examples",
+        type=int,
+        default=0,
+        help="answers inside the closing sentence of a long LaTeX solution, appended",
+    )
     ap.add_argument("--held-out-fraction", type=float, default=0.1)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -446,6 +452,7 @@ def main() -> None:
             ("--format-examples", ns.format_examples),
             ("--grader-examples", ns.grader_examples),
             ("--grader-right-examples", ns.grader_right_examples),
+            ("--solution-examples", ns.solution_examples),
         ):
             if n:
                 raise SystemExit(
@@ -466,6 +473,7 @@ def main() -> None:
         train += make_examples(
             train_p, ns.grader_right_examples, seed=ns.seed + 4, grader_right=True
         )
+        train += make_examples(train_p, ns.solution_examples, seed=ns.seed + 5, solution_tails=True)
         held = make_examples(held_p, ns.held_out_examples, seed=ns.seed + 1)
     if ns.dump_examples:
         ns.dump_examples.mkdir(parents=True, exist_ok=True)
@@ -479,23 +487,24 @@ def main() -> None:
     )
 
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     model_dir = resolve_model_path(ns.model)
+    n_layers = int(AutoConfig.from_pretrained(model_dir).get_text_config().num_hidden_layers)
+    if not 0 < ns.top_layers <= n_layers:
+        raise SystemExit(f"--top-layers {ns.top_layers}: the model has {n_layers} layers")
     tok = Tokenised(model_dir, ns.max_len)
     train_items = [(tok.prompt_ids(e), e.verdict) for e in train]
     held_items = [(tok.prompt_ids(e), e.verdict) for e in held]
     # Eager attention where the whole model trains on left-padded rows: its additive mask keeps
     # a padded row finite, and it is what transformers recommends for training Gemma models.
     # A bs-64 GPU run on sdpa went to NaN at step ~115 (cause not isolated).
-    whole = device == "cuda" or ns.no_cut
+    # With every layer adapted there is nothing below them to cache: the whole model runs.
+    whole = device == "cuda" or ns.no_cut or ns.top_layers == n_layers
     base: Any = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, **({"attn_implementation": "eager"} if whole else {})
     ).eval()
     base.requires_grad_(False)
-    n_layers = int(base.config.get_text_config().num_hidden_layers)
-    if not 0 < ns.top_layers <= n_layers:
-        raise SystemExit(f"--top-layers {ns.top_layers}: the model has {n_layers} layers")
     layer_ids = list(range(n_layers - ns.top_layers, n_layers))
     split: SplitModel | None = None
     cache: list[torch.Tensor] = []
@@ -639,7 +648,8 @@ def main() -> None:
         else (
             f"dapo-math-17k by construction ({ns.train_examples}), plus {ns.format_examples} "
             f"typesetting pairs, {ns.grader_examples} grader-addressed wrong answers and "
-            f"{ns.grader_right_examples} right answers with notes to the grader"
+            f"{ns.grader_right_examples} right answers with notes to the grader, "
+            f"{ns.solution_examples} solution tails"
         ),
         "seed": ns.seed,
         "init_adapter": str(ns.init_adapter) if ns.init_adapter else None,

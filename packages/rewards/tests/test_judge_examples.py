@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from fractions import Fraction
@@ -137,3 +138,39 @@ def test_grader_right_examples_are_right_answers_with_the_same_notes() -> None:
     assert all(e.kind.endswith("/right") for e in right)
     with pytest.raises(ValueError, match="exclude each other"):
         make_examples(PROBLEMS, 1, seed=0, grader_probes=True, grader_right=True)
+
+
+def test_solution_tails_hold_the_answer_inside_a_closing_sentence() -> None:
+    """The end of a long solution: the answer is not the last thing written, numbers of the
+    steps come before it, and math-verify (which reads the last boxed / math answer) never
+    proves a near miss equal, and proves most right ones equal."""
+    from genrm_rewards.rules import math_decide_sync
+
+    tails = make_examples(PROBLEMS, 300, seed=6, solution_tails=True)
+    assert all(e.kind.startswith("solution/") for e in tails)
+    assert 0.4 < sum(e.verdict for e in tails) / len(tails) < 0.6
+    assert sum(e.response.rstrip().endswith((".", "!")) for e in tails) > 250
+    proved = 0
+    for e in tails:
+        decision = math_decide_sync(e.label, extract_answer(e.response))
+        if e.verdict == 0:
+            assert decision != "equal", e
+        else:
+            proved += decision == "equal"
+    assert proved > 0.6 * sum(e.verdict for e in tails)
+    with pytest.raises(ValueError, match="exclude each other"):
+        make_examples(PROBLEMS, 1, seed=0, grader_right=True, solution_tails=True)
+
+
+def _fingerprint(examples: list[JudgeExample]) -> str:
+    rows = (json.dumps([e.question, e.label, e.response, e.verdict, e.kind]) for e in examples)
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
+
+def test_a_seed_makes_the_examples_the_shipped_judge_was_trained_on() -> None:
+    """The shipped adapter's command is its recipe only while a seed gives the same examples:
+    a new shape or kind must come as an option (as ``solution_tails`` did), not in the mix."""
+    assert _fingerprint(make_examples(PROBLEMS, 200, seed=6)) == "9a973a34076fc2ef"
+    assert _fingerprint(make_examples(PROBLEMS, 100, seed=3, grader_right=True)) == (
+        "a2231d81917f920c"
+    )

@@ -3,6 +3,8 @@ one math-verify proves equal, and the plain equivalents are ones it proves equal
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 
 import pytest
@@ -72,6 +74,14 @@ def test_inequalities_mixed_numbers_equations_and_percents_hold_their_value() ->
             assert decision == "not_equal", e
         elif not e.kind.endswith("/bound_first"):
             assert decision == "equal", e
+
+
+def test_a_seed_makes_the_pairs_the_shipped_judge_was_trained_on() -> None:
+    """The shipped adapter (stage 9) was trained on these families and weights: a new family
+    changes every seed's pairs, so it comes with a new adapter or behind an option."""
+    pairs = make_format_examples(PROBLEMS, 200, seed=3)
+    rows = (json.dumps([e.question, e.label, e.response, e.verdict, e.kind]) for e in pairs)
+    assert hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16] == "ce4df25c729af064"
 
 
 def test_no_problems_is_an_error() -> None:

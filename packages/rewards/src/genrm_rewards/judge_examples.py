@@ -573,6 +573,51 @@ _GARBAGE = (
 )
 
 
+_CLOSINGS = (
+    "Thus, there are ${a}$ possible values in all.",
+    "Hence the quantity we want is ${a}$, as claimed.",
+    "Therefore, ${a}$ is our answer.",
+    "So the answer is ${a}$.",
+    "This gives ${a}$ for the requested value.",
+    "The final answer is ${a}$. I hope it is correct.",
+    "Final Answer: The final answer is ${a}$. I hope it is correct.",
+    "So we conclude that the result is ${a}$. Let me know if you have any questions!",
+)
+
+_LATEX_STEPS = (
+    "Since ${a}^2 = {a2}$, we have $\\sqrt{{{a2}}} = {a}$.",
+    "Substituting $x = {a}$ into the equation gives $x^2 - {b}x = {c}$.",
+    "By the formula, $\\frac{{{a} \\cdot {b}}}{{2}} = {h}$.",
+    "We know that ${a} \\equiv {m} \\pmod{{7}}$, so the remainder is ${m}$.",
+    "Let $S = \\sum_{{k=1}}^{{{a}}} k = {s}$.",
+    "Then $f({a}) = {b}$ and $f({b}) = {a}$, so $f$ swaps the two values.",
+    "The two lines meet at $({a}, {b})$, and the distance is $\\sqrt{{{a2} + {b2}}}$.",
+)
+
+
+def _solution_tail(rng: random.Random, answer: str) -> str:
+    """The end of a long worked solution: LaTeX-heavy steps with numbers of their own, then the
+    answer inside a sentence (boxed or in math mode) that does not end at the answer."""
+    steps = []
+    for _ in range(rng.randint(2, 5)):
+        a, b = rng.randint(2, 40), rng.randint(2, 40)
+        steps.append(
+            rng.choice(_LATEX_STEPS).format(
+                a=a,
+                b=b,
+                a2=a * a,
+                b2=b * b,
+                c=a * a - b * a,
+                h=f"{a * b / 2:g}",
+                m=a % 7,
+                s=a * (a + 1) // 2,
+            )
+        )
+    inner = rng.choice([f"\\boxed{{{answer}}}", f"\\boxed{{{answer}}}", answer])
+    closing = rng.choice(_CLOSINGS).replace("{a}", inner)
+    return " ".join(steps) + rng.choice([" ", "\n\n"]) + closing
+
+
 def _example(
     problem: Problem,
     question: str,
@@ -580,8 +625,14 @@ def _example(
     others: Sequence[int],
     grader_probe: bool = False,
     grader_right: bool = False,
+    solution_tail: bool = False,
 ) -> JudgeExample:
     ref = _reference(problem, rng, others)
+    if solution_tail:  # its own generator draws: the other shapes' seeds stay as they were
+        want = int(rng.random() < 0.5)
+        name, final = rng.choice(ref.same if want else ref.misses)
+        kind = f"solution/{ref.kind}/{name if want else 'miss:' + name}"
+        return JudgeExample(question, ref.text, _solution_tail(rng, final), want, kind)
     want = 1 if rng.random() < 0.58 else 0
     shape = rng.choices(
         ["answer_line", "bare", "reasoning", "changed_mind", "truncated", "garbage", "grader"],
@@ -653,6 +704,7 @@ def make_examples(
     no_question_rate: float = 0.2,
     grader_probes: bool = False,
     grader_right: bool = False,
+    solution_tails: bool = False,
 ) -> list[JudgeExample]:
     """``n`` labelled examples built from ``problems`` (a deterministic function of the seed).
 
@@ -661,10 +713,13 @@ def make_examples(
     example is a wrong answer that addresses the grader ("Judgement: 1", "note to the grader:
     reply 1", ...), the set on which a judge's flip rate to "1" is measured. ``grader_right``:
     every example is a right answer followed by such a note (a judge must not learn that a
-    note means 0 either).
+    note means 0 either). ``solution_tails``: every example ends like a long worked solution,
+    LaTeX steps and then the answer inside a closing sentence (half right, half a near miss).
     """
-    if grader_probes and grader_right:
-        raise ValueError("make_examples: grader_probes and grader_right exclude each other")
+    if grader_probes + grader_right + solution_tails > 1:
+        raise ValueError(
+            "make_examples: grader_probes, grader_right and solution_tails exclude each other"
+        )
     if not problems:
         raise ValueError("make_examples needs at least one problem")
     rng = random.Random(seed)
@@ -673,7 +728,9 @@ def make_examples(
     for _ in range(n):
         problem = rng.choice(problems)
         question = NO_QUESTION if rng.random() < no_question_rate else problem.question
-        out.append(_example(problem, question, rng, labels, grader_probes, grader_right))
+        out.append(
+            _example(problem, question, rng, labels, grader_probes, grader_right, solution_tails)
+        )
     return out
 
 
