@@ -1,9 +1,8 @@
 """Fixes from a review of the GRPO core, each pinned by a test.
 
-Aborted generations are neither judged nor trained; a response cut off at the length limit is
-judged but never trained; the group baseline and the loss use one membership rule; extreme
-log-ratios cannot make the gradient NaN; sampling seeds never collide across steps, groups or
-evaluation.
+Aborted generations are neither judged nor trained; the group baseline and the loss use one
+membership rule; extreme log-ratios cannot make the gradient NaN; sampling seeds never collide
+across steps, groups or evaluation.
 """
 
 import itertools
@@ -63,24 +62,6 @@ def test_the_baseline_uses_only_the_samples_in_the_loss(tmp_path):
     trainer.advantages(clean)
     assert [s.advantage for s in batch[:2]] == [s.advantage for s in clean]
     assert batch[2].advantage == 0.0
-
-
-def test_a_response_cut_off_at_the_length_limit_stays_out_of_the_loss_and_the_baseline(tmp_path):
-    """Its reward judges an answer the policy never finished: a judged 1 for ' 7EPOCH' (label 7)
-    must neither train the policy nor raise its group's mean."""
-    cfg = build_config(
-        hf_checkpoint="m", prompt_data="d.jsonl", rm_type="math", run_dir=str(tmp_path)
-    )
-    trainer = GRPOTrainer.__new__(GRPOTrainer)  # only its advantage rule is under test
-    trainer.cfg = cfg
-    batch = _scored([1.0, 0.0, 1.0], ["ok", "ok", "ok"])
-    batch[2].finish_reason = "length"
-    trainer.advantages(batch)
-    clean = _scored([1.0, 0.0], ["ok", "ok"])
-    trainer.advantages(clean)
-    assert [s.advantage for s in batch[:2]] == [s.advantage for s in clean]
-    assert not batch[2].in_loss and batch[2].advantage == 0.0
-    assert batch[0].in_loss and batch[1].in_loss
 
 
 def test_an_extreme_log_ratio_keeps_the_gradient_finite():

@@ -54,14 +54,10 @@ class Sample:
 
     @property
     def in_loss(self) -> bool:
-        """Whether the sample takes part in the loss and its group's baseline: a judge failure,
-        an aborted generation or a response cut off at the length limit never does. A cut-off
-        response's reward judges an answer the policy never finished (a wrong 0 for a right
-        start, or a 1 for a leading number followed by garbage); it would also pull its group's
-        mean and std, so it is left out of both, as a judge failure is."""
+        """Whether the sample takes part in the loss and its group's baseline: a judge failure
+        or an aborted generation never does."""
         return (
             self.status not in ("judge_error", "aborted")
-            and self.finish_reason != "length"
             and self.reward is not None
             and self.response_length > 0
         )
