@@ -52,6 +52,7 @@ from genrm_rewards.judge_examples import (
     split_problems,
     write_examples,
 )
+from genrm_rewards.judge_answer_forms import ANSWER_FORM_FAMILIES
 from genrm_rewards.judge_format_examples import make_format_examples
 from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.prompts import PromptEncoder
@@ -390,6 +391,12 @@ def main() -> None:
         default=0,
         help="answers inside the closing sentence of a long LaTeX solution, appended",
     )
+    ap.add_argument(
+        "--answer-form-examples",
+        type=int,
+        default=0,
+        help="one value stated in another form (x = 5 for 5, a chain, an interval), appended",
+    )
     ap.add_argument("--held-out-fraction", type=float, default=0.1)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -453,6 +460,7 @@ def main() -> None:
             ("--grader-examples", ns.grader_examples),
             ("--grader-right-examples", ns.grader_right_examples),
             ("--solution-examples", ns.solution_examples),
+            ("--answer-form-examples", ns.answer_form_examples),
         ):
             if n:
                 raise SystemExit(
@@ -474,6 +482,9 @@ def main() -> None:
             train_p, ns.grader_right_examples, seed=ns.seed + 4, grader_right=True
         )
         train += make_examples(train_p, ns.solution_examples, seed=ns.seed + 5, solution_tails=True)
+        train += make_format_examples(
+            train_p, ns.answer_form_examples, seed=ns.seed + 6, families=ANSWER_FORM_FAMILIES
+        )
         held = make_examples(held_p, ns.held_out_examples, seed=ns.seed + 1)
     if ns.dump_examples:
         ns.dump_examples.mkdir(parents=True, exist_ok=True)
@@ -649,7 +660,7 @@ def main() -> None:
             f"dapo-math-17k by construction ({ns.train_examples}), plus {ns.format_examples} "
             f"typesetting pairs, {ns.grader_examples} grader-addressed wrong answers and "
             f"{ns.grader_right_examples} right answers with notes to the grader, "
-            f"{ns.solution_examples} solution tails"
+            f"{ns.solution_examples} solution tails, {ns.answer_form_examples} answer forms"
         ),
         "seed": ns.seed,
         "init_adapter": str(ns.init_adapter) if ns.init_adapter else None,

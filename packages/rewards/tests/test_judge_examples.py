@@ -149,7 +149,9 @@ def test_solution_tails_hold_the_answer_inside_a_closing_sentence() -> None:
     tails = make_examples(PROBLEMS, 300, seed=6, solution_tails=True)
     assert all(e.kind.startswith("solution/") for e in tails)
     assert 0.4 < sum(e.verdict for e in tails) / len(tails) < 0.6
-    assert sum(e.response.rstrip().endswith((".", "!")) for e in tails) > 250
+    ends = (e.response.rstrip().split(" <|")[0].removesuffix("<|endoftext|>") for e in tails)
+    assert sum(end.endswith((".", "!")) for end in ends) > 250
+    assert 20 < sum("<|" in e.response for e in tails) < 80
     proved = 0
     for e in tails:
         decision = math_decide_sync(e.label, extract_answer(e.response))

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from genrm_rewards.judge_examples import NO_QUESTION, Problem
+from genrm_rewards.judge_answer_forms import ANSWER_FORM_FAMILIES
 from genrm_rewards.judge_format_examples import make_format_examples
 from genrm_rewards.rules import math_decide_sync
 from genrm_rewards.samples import extract_answer
@@ -87,3 +88,38 @@ def test_a_seed_makes_the_pairs_the_shipped_judge_was_trained_on() -> None:
 def test_no_problems_is_an_error() -> None:
     with pytest.raises(ValueError):
         make_format_examples([], 3, seed=0)
+
+
+#: forms whose value math-verify's parser does not reach (a bound written first, a chain with
+#: no name on its left, an interval as the inequality it stands for, a unit after the number
+#: outside ``\text``), held only to "no near miss is proved equal"
+_BEYOND_THE_PARSER = ("bound_first", "chain_bare", "inequality", "plain_unit", "boxed")
+
+
+def test_answer_forms_are_balanced_and_math_verify_holds_their_labels() -> None:
+    """The answer-form families (an option, not the default mix): every family gives both
+    verdicts, no near miss is one math-verify proves equal, and it proves the equivalents
+    equal wherever its parser reaches them."""
+    examples = make_format_examples(PROBLEMS, 500, seed=5, families=ANSWER_FORM_FAMILIES)
+    assert 0.45 < sum(e.verdict for e in examples) / len(examples) < 0.55
+    families = {name for name, *_ in ANSWER_FORM_FAMILIES}
+    for family in families:
+        both = {e.verdict for e in examples if e.kind.split("/")[1] == family}
+        assert both == {0, 1}, family
+    proved = 0
+    for e in examples:
+        answer = e.response.removeprefix("The answer is ").removeprefix("Answer: ").strip()
+        decision = math_decide_sync(e.label, answer.removesuffix("."))
+        form = e.kind.split("/")[2]
+        if e.verdict == 0:
+            assert decision != "equal", e
+        elif form not in _BEYOND_THE_PARSER:
+            assert decision == "equal", e
+            proved += 1
+    assert proved > 150
+
+
+def test_answer_forms_leave_the_default_mix_as_it_was() -> None:
+    default = make_format_examples(PROBLEMS, 50, seed=3)
+    forms = make_format_examples(PROBLEMS, 50, seed=3, families=ANSWER_FORM_FAMILIES)
+    assert not {e.kind.split("/")[1] for e in forms} & {e.kind.split("/")[1] for e in default}

@@ -582,7 +582,14 @@ _CLOSINGS = (
     "The final answer is ${a}$. I hope it is correct.",
     "Final Answer: The final answer is ${a}$. I hope it is correct.",
     "So we conclude that the result is ${a}$. Let me know if you have any questions!",
+    # prose with no math mode, as a chat model's worked answer often ends
+    "Therefore, the number we want is {p}. I hope it is correct.",
+    "Final Answer: The answer is {p}. I hope it is correct.",
+    "So, the value that satisfies all the conditions is {p}.",
 )
+
+#: what a policy's reply can carry past its end: a chat template's next turn, an end marker
+_TRAILERS = (" <|im_start|>user", " <|im_end|>", "<|endoftext|>")
 
 _LATEX_STEPS = (
     "Since ${a}^2 = {a2}$, we have $\\sqrt{{{a2}}} = {a}$.",
@@ -614,8 +621,9 @@ def _solution_tail(rng: random.Random, answer: str) -> str:
             )
         )
     inner = rng.choice([f"\\boxed{{{answer}}}", f"\\boxed{{{answer}}}", answer])
-    closing = rng.choice(_CLOSINGS).replace("{a}", inner)
-    return " ".join(steps) + rng.choice([" ", "\n\n"]) + closing
+    closing = rng.choice(_CLOSINGS).replace("{a}", inner).replace("{p}", answer)
+    trailer = rng.choice(_TRAILERS) if rng.random() < 0.15 else ""
+    return " ".join(steps) + rng.choice([" ", "\n\n"]) + closing + trailer
 
 
 def _example(

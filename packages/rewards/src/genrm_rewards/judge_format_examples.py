@@ -25,10 +25,10 @@ from fractions import Fraction
 
 from genrm_rewards.judge_examples import NO_QUESTION, JudgeExample, Problem
 
-__all__ = ["make_format_examples"]
+__all__ = ["Family", "FamilyList", "make_format_examples"]
 
 #: (reference, [(form name, equivalent answer)], [(miss name, different answer)])
-_Family = tuple[str, list[tuple[str, str]], list[tuple[str, str]]]
+Family = tuple[str, list[tuple[str, str]], list[tuple[str, str]]]
 
 
 def _wrappers(text: str, rng: random.Random) -> list[tuple[str, str]]:
@@ -44,7 +44,7 @@ def _wrappers(text: str, rng: random.Random) -> list[tuple[str, str]]:
     ]
 
 
-def _int_family(rng: random.Random) -> _Family:
+def _int_family(rng: random.Random) -> Family:
     n = rng.choice([rng.randint(-20, 20), rng.randint(21, 999), rng.randint(1000, 99999)])
     label = rng.choice([str(n), f"${n}$"])
     same = _wrappers(str(n), rng)
@@ -72,7 +72,7 @@ def _int_family(rng: random.Random) -> _Family:
     return label, same, misses
 
 
-def _decimal_family(rng: random.Random) -> _Family:
+def _decimal_family(rng: random.Random) -> Family:
     q = rng.choice([2, 4, 5, 8, 10, 20, 25])
     p = rng.randint(1, q - 1)
     value = Fraction(p, q)
@@ -98,7 +98,7 @@ def _decimal_family(rng: random.Random) -> _Family:
     return label, same, misses
 
 
-def _money_family(rng: random.Random) -> _Family:
+def _money_family(rng: random.Random) -> Family:
     dollars, cents = rng.randint(1000, 99999), rng.randint(1, 99)
     text = f"{dollars}.{cents:02d}"
     label = text
@@ -117,7 +117,7 @@ def _money_family(rng: random.Random) -> _Family:
     return label, same, misses
 
 
-def _fraction_family(rng: random.Random) -> _Family:
+def _fraction_family(rng: random.Random) -> Family:
     while True:
         p, q = rng.randint(1, 12), rng.randint(2, 13)
         if Fraction(p, q).denominator == q and p != q:
@@ -144,7 +144,7 @@ def _fraction_family(rng: random.Random) -> _Family:
     return label, same, misses
 
 
-def _letter_family(rng: random.Random) -> _Family:
+def _letter_family(rng: random.Random) -> Family:
     letters = "ABCDE"
     c = rng.choice(letters)
     d = rng.choice([x for x in letters if x != c])
@@ -169,7 +169,7 @@ def _matrix(rows: list[list[int]], env: str, sep: str) -> str:
     return f"\\begin{{{env}}}{body}\\end{{{env}}}"
 
 
-def _matrix_family(rng: random.Random) -> _Family:
+def _matrix_family(rng: random.Random) -> Family:
     n = rng.choice([2, 3])
     rows = [[rng.randint(-5, 9) for _ in range(n)] for _ in range(n)]
     label = _matrix(rows, "pmatrix", "&")
@@ -206,7 +206,7 @@ def _poly(terms: Sequence[tuple[int, int]], var: str, spaced: bool) -> str:
     return out
 
 
-def _polynomial_family(rng: random.Random) -> _Family:
+def _polynomial_family(rng: random.Random) -> Family:
     var = rng.choice("xyzrt")
     a = rng.randint(1, 6)
     terms = [(1, 2), (2 * a, 1), (a * a, 0)]  # (var + a)^2, written out
@@ -233,7 +233,7 @@ def _polynomial_family(rng: random.Random) -> _Family:
     return label, same, misses
 
 
-def _approx_family(rng: random.Random) -> _Family:
+def _approx_family(rng: random.Random) -> Family:
     k = rng.choice([2, 3, 5, 6, 7])
     d = rng.choice([2, 3, 4, 5])
     exact = f"\\frac{{\\sqrt{{{k}}}}}{{{d}}}"
@@ -260,7 +260,7 @@ _GREATER = {False: (">", ["\\gt", ">"]), True: ("\\geq", ["\\geq", "\\ge", ">=",
 _LESS = {False: ("<", ["\\lt", "<"]), True: ("\\leq", ["\\leq", "\\le", "<=", "≤"])}
 
 
-def _inequality_family(rng: random.Random) -> _Family:
+def _inequality_family(rng: random.Random) -> Family:
     """``x \\geq 5``: the other spellings of the sign, the bound written first, the interval."""
     var, b = rng.choice("xyntk"), rng.randint(-9, 20)
     closed, greater = rng.random() < 0.6, rng.random() < 0.5
@@ -287,7 +287,7 @@ def _inequality_family(rng: random.Random) -> _Family:
 _WORDS = ("Evelyn", "Carla", "Tuesday", "odd", "even", "north", "yes", "blue", "Alice", "square")
 
 
-def _word_family(rng: random.Random) -> _Family:
+def _word_family(rng: random.Random) -> Family:
     """A word answer (a name, a day, parity): the same word in any text command or case."""
     word = rng.choice(_WORDS)
     other = rng.choice([w for w in _WORDS if w != word])
@@ -309,7 +309,7 @@ def _word_family(rng: random.Random) -> _Family:
     return label, same, [m for m in misses if m[1].lower() != word.lower()]
 
 
-def _mixed_family(rng: random.Random) -> _Family:
+def _mixed_family(rng: random.Random) -> Family:
     """A mixed number ``918\\frac{1}{2}``: its decimal and improper forms are the same value."""
     whole, q = rng.randint(1, 999), rng.choice([2, 4, 5, 8])
     p = rng.choice([k for k in range(1, q) if Fraction(k, q).denominator == q])
@@ -331,7 +331,7 @@ def _mixed_family(rng: random.Random) -> _Family:
     return label, same, misses
 
 
-def _equation_family(rng: random.Random) -> _Family:
+def _equation_family(rng: random.Random) -> Family:
     """An answer written as the equation that solves for it (``x = 5``), or a root set written as
     equations, in any order: the value is the answer, the variable's name is dress."""
     var = rng.choice("xyzabnt")
@@ -368,7 +368,7 @@ def _equation_family(rng: random.Random) -> _Family:
     return label, same, misses
 
 
-def _percent_family(rng: random.Random) -> _Family:
+def _percent_family(rng: random.Random) -> Family:
     """A percentage: the sign spelt out or typeset, or the same share as a decimal."""
     n = rng.randint(1, 99)
     label = rng.choice([f"{n}\\%", f"${n}\\%$"])
@@ -388,7 +388,10 @@ def _percent_family(rng: random.Random) -> _Family:
     return label, same, [m for m in misses if m[1] != f"{n}\\%"]
 
 
-_FAMILIES: list[tuple[str, Callable[[random.Random], _Family], float]] = [
+#: (name, builder, weight) of each family a draw picks from
+FamilyList = list[tuple[str, Callable[[random.Random], Family], float]]
+
+_FAMILIES: FamilyList = [
     ("int", _int_family, 0.25),
     ("decimal", _decimal_family, 0.15),
     ("money", _money_family, 0.05),
@@ -406,18 +409,25 @@ _FAMILIES: list[tuple[str, Callable[[random.Random], _Family], float]] = [
 
 
 def make_format_examples(
-    problems: Sequence[Problem], n: int, *, seed: int, no_question_rate: float = 0.4
+    problems: Sequence[Problem],
+    n: int,
+    *,
+    seed: int,
+    no_question_rate: float = 0.4,
+    families: FamilyList | None = None,
 ) -> list[JudgeExample]:
     """``n`` examples, half of them equivalent, as a bare answer, an ``Answer:`` line or a
-    sentence; a share ``no_question_rate`` carries :data:`NO_QUESTION`."""
+    sentence; a share ``no_question_rate`` carries :data:`NO_QUESTION`. ``families`` replaces
+    the typesetting families (e.g. :data:`~genrm_rewards.judge_answer_forms.ANSWER_FORM_FAMILIES`)."""
     if not problems:
         raise ValueError("make_format_examples needs at least one problem")
+    drawn = _FAMILIES if families is None else families
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         problem = rng.choice(problems)
         question = NO_QUESTION if rng.random() < no_question_rate else problem.question
-        name, build, _ = rng.choices(_FAMILIES, weights=[w for *_, w in _FAMILIES])[0]
+        name, build, _ = rng.choices(drawn, weights=[w for *_, w in drawn])[0]
         label, same, misses = build(rng)
         want = rng.random() < 0.5
         form, answer = rng.choice(same if want else misses)
