@@ -176,3 +176,7 @@ def test_a_seed_makes_the_examples_the_shipped_judge_was_trained_on() -> None:
     assert _fingerprint(make_examples(PROBLEMS, 100, seed=3, grader_right=True)) == (
         "a2231d81917f920c"
     )
+    # stage 11 added the solution tails (prose closings, chat-template trailers)
+    assert _fingerprint(make_examples(PROBLEMS, 100, seed=3, solution_tails=True)) == (
+        "47cdaee482e02185"
+    )

@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from genrm_rewards.judge_examples import NO_QUESTION, Problem
 from genrm_rewards.judge_answer_forms import ANSWER_FORM_FAMILIES
+from genrm_rewards.judge_examples import NO_QUESTION, JudgeExample, Problem
 from genrm_rewards.judge_format_examples import make_format_examples
 from genrm_rewards.rules import math_decide_sync
 from genrm_rewards.samples import extract_answer
@@ -78,11 +78,17 @@ def test_inequalities_mixed_numbers_equations_and_percents_hold_their_value() ->
 
 
 def test_a_seed_makes_the_pairs_the_shipped_judge_was_trained_on() -> None:
-    """The shipped adapter (stage 9) was trained on these families and weights: a new family
-    changes every seed's pairs, so it comes with a new adapter or behind an option."""
-    pairs = make_format_examples(PROBLEMS, 200, seed=3)
+    """The shipped adapter (stage 11) was trained on these families and weights, and on the
+    answer forms: a new family changes every seed's pairs, so it comes with a new adapter or
+    behind an option."""
+    assert _fingerprint(make_format_examples(PROBLEMS, 200, seed=3)) == "ce4df25c729af064"
+    forms = make_format_examples(PROBLEMS, 200, seed=3, families=ANSWER_FORM_FAMILIES)
+    assert _fingerprint(forms) == "08a8ac8ec2b27a2b"
+
+
+def _fingerprint(pairs: list[JudgeExample]) -> str:
     rows = (json.dumps([e.question, e.label, e.response, e.verdict, e.kind]) for e in pairs)
-    assert hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16] == "ce4df25c729af064"
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
 def test_no_problems_is_an_error() -> None:

@@ -45,8 +45,17 @@ def _named_family(rng: random.Random) -> Family:
         value, swapped, off = f"({a},{b})", f"({b},{a})", f"({a},{b + 1})"
         spaced = f"({a}, {b})"
         named = f"{names}={value}" if rng.random() < 0.5 else f"{names} = {spaced}"
-        same = [("bare", value), ("spaced", spaced), ("named", named), ("boxed", f"\\boxed{{{value}}}")]
-        misses = [("swapped", swapped), ("entry_off", off), ("named_swapped", f"{names} = {swapped}")]
+        same = [
+            ("bare", value),
+            ("spaced", spaced),
+            ("named", named),
+            ("boxed", f"\\boxed{{{value}}}"),
+        ]
+        misses = [
+            ("swapped", swapped),
+            ("entry_off", off),
+            ("named_swapped", f"{names} = {swapped}"),
+        ]
         return rng.choice([named, f"${named}$"]), same, misses
     if rng.random() < 0.2:  # a ratio named by its quantities
         a, b = rng.randint(1, 30), rng.randint(1, 30)
@@ -65,7 +74,11 @@ def _named_family(rng: random.Random) -> Family:
         same = [("bare", value), ("boxed", f"\\boxed{{{value}}}"), ("named", named)]
     else:  # the name on the answer's side
         label = rng.choice([value, f"${value}$"])
-        same = [("named", named), ("named_tight", f"{name}={value}"), ("boxed", f"\\boxed{{{named}}}")]
+        same = [
+            ("named", named),
+            ("named_tight", f"{name}={value}"),
+            ("boxed", f"\\boxed{{{named}}}"),
+        ]
     misses = [("other", other), ("named_other", f"{name} = {other}")]
     return label, same, misses
 
@@ -99,7 +112,9 @@ def _negated_family(rng: random.Random) -> Family:
     closed = rng.random() < 0.5
     less, greater = ("\\le", "\\ge") if closed else ("<", ">")
     less_ascii, greater_ascii = ("<=", ">=") if closed else ("<", ">")
-    label = rng.choice([f"{var} {less} {b}", f"${var} {less_ascii} {b}$", f"{var} {less_ascii} {b}"])
+    label = rng.choice(
+        [f"{var} {less} {b}", f"${var} {less_ascii} {b}$", f"{var} {less_ascii} {b}"]
+    )
     same = [
         ("negated", f"-{var} {greater} -{b}"),
         ("negated_ascii", f"-{var} {greater_ascii} -{b}"),
@@ -189,7 +204,12 @@ def _solution_set_family(rng: random.Random) -> Family:
     same = [
         ("reordered", join(shuffled, rng.random() < 0.5)),
         ("boxed_each", ", ".join(boxed)),
-        ("boxed_and", " \\text{ and } ".join(boxed) if k == 2 else ", ".join(boxed[:-1]) + " and " + boxed[-1]),
+        (
+            "boxed_and",
+            " \\text{ and } ".join(boxed)
+            if k == 2
+            else ", ".join(boxed[:-1]) + " and " + boxed[-1],
+        ),
         ("boxed_all", f"\\boxed{{{join(shuffled, True)}}}"),
     ]
     changed = [list(p) for p in shuffled]
@@ -268,7 +288,10 @@ def _commuted_family(rng: random.Random) -> Family:
             ("split", f"\\frac{{{var}}}{{{d}}}+\\frac{{{a}}}{{{d}}}"),
             ("commuted", f"\\frac{{{a}+{var}}}{{{d}}}"),
         ]
-        misses = [("outside", f"\\frac{{{var}}}{{{d}}}+{a}"), ("sign", f"\\frac{{{var}-{a}}}{{{d}}}")]
+        misses = [
+            ("outside", f"\\frac{{{var}}}{{{d}}}+{a}"),
+            ("sign", f"\\frac{{{var}-{a}}}{{{d}}}"),
+        ]
     else:
         c1, c2 = rng.randint(2, 40), rng.randint(2, 40)
         label = f"{c1}x+{c2}y-{a}=0"

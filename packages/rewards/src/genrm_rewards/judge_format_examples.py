@@ -418,7 +418,7 @@ def make_format_examples(
 ) -> list[JudgeExample]:
     """``n`` examples, half of them equivalent, as a bare answer, an ``Answer:`` line or a
     sentence; a share ``no_question_rate`` carries :data:`NO_QUESTION`. ``families`` replaces
-    the typesetting families (e.g. :data:`~genrm_rewards.judge_answer_forms.ANSWER_FORM_FAMILIES`)."""
+    the typesetting families (e.g. ``judge_answer_forms.ANSWER_FORM_FAMILIES``)."""
     if not problems:
         raise ValueError("make_format_examples needs at least one problem")
     drawn = _FAMILIES if families is None else families
