@@ -78,7 +78,20 @@ def _steps_table(history: Sequence[StepRecord]) -> Table:
     steps = Table(title="what each step learned from")
     # short headers, few columns: readable in an 80-column terminal (the rest is in metrics.jsonl)
     # judge=mv: how often the judge agreed with math-verify where math-verify decided (of n)
-    cols = ("step", "reward", "±std", "acc", "judge=mv", "judge err", "adv≠0", "kl", "clip", "len")
+    # cut: responses cut off at the length limit (out of the loss unless --keep-cut-off)
+    cols = (
+        "step",
+        "reward",
+        "±std",
+        "acc",
+        "judge=mv",
+        "judge err",
+        "cut",
+        "adv≠0",
+        "kl",
+        "clip",
+        "len",
+    )
     for col in cols:
         steps.add_column(col, justify="right")
     for h in history:
@@ -95,6 +108,7 @@ def _steps_table(history: Sequence[StepRecord]) -> Table:
             _fmt(m.get("rollout/acc_mean"), 2),
             _agreement(m, "rollout/"),
             _fmt(m.get("rollout/judge_errors")),
+            _fmt(m.get("rollout/truncated")),
             f"{m.get('adv/nonzero', 0)}/{m.get('rollout/samples', 0)}",
             _fmt(m.get("train/kl"), 4),
             _fmt(m.get("train/clipfrac"), 2),
@@ -125,6 +139,15 @@ def _verdicts_table(history: Sequence[StepRecord]) -> Table:
     for key, n in total.most_common():
         verdicts.add_row(_VERDICT_LABELS.get(key, key), str(n))
     return verdicts
+
+
+def _untrained_lines(history: Sequence[StepRecord]) -> list[str]:
+    """One line per step that trained nothing (no sample in the loss), with why."""
+    return [
+        f"[bold]step {h.step} trained nothing[/]: {h.untrained}; its weights were not changed"
+        for h in history
+        if h.untrained is not None
+    ]
 
 
 def _eval_lines(history: Sequence[StepRecord], evals: Sequence[dict[str, Any]] | None) -> list[str]:
@@ -172,6 +195,8 @@ def render_summary(
         if table is not None:
             console.print(table)
     console.print(_steps_table(history))
+    for line in _untrained_lines(history):
+        console.print(line)
     console.print(_verdicts_table(history))
     for line in _eval_lines(history, evals):
         console.print(line)
