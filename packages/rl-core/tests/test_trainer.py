@@ -341,6 +341,7 @@ async def test_a_step_whose_responses_are_all_cut_off_trains_nothing_and_says_wh
     render_summary(trainer.history, mode="colocate", console=console)
     text = console.export_text()
     assert "step 1 trained nothing: all 8 responses hit --rollout-max-response-len 6" in text
+    assert "step 1: 8 of 8, step 2: 8 of 8" in text  # the responses cut off per step
 
 
 async def test_cut_off_responses_stay_out_of_a_step_that_trains(

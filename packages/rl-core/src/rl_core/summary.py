@@ -78,20 +78,7 @@ def _steps_table(history: Sequence[StepRecord]) -> Table:
     steps = Table(title="what each step learned from")
     # short headers, few columns: readable in an 80-column terminal (the rest is in metrics.jsonl)
     # judge=mv: how often the judge agreed with math-verify where math-verify decided (of n)
-    # cut: responses cut off at the length limit (out of the loss unless --keep-cut-off)
-    cols = (
-        "step",
-        "reward",
-        "±std",
-        "acc",
-        "judge=mv",
-        "judge err",
-        "cut",
-        "adv≠0",
-        "kl",
-        "clip",
-        "len",
-    )
+    cols = ("step", "reward", "±std", "acc", "judge=mv", "judge err", "adv≠0", "kl", "clip", "len")
     for col in cols:
         steps.add_column(col, justify="right")
     for h in history:
@@ -108,7 +95,6 @@ def _steps_table(history: Sequence[StepRecord]) -> Table:
             _fmt(m.get("rollout/acc_mean"), 2),
             _agreement(m, "rollout/"),
             _fmt(m.get("rollout/judge_errors")),
-            _fmt(m.get("rollout/truncated")),
             f"{m.get('adv/nonzero', 0)}/{m.get('rollout/samples', 0)}",
             _fmt(m.get("train/kl"), 4),
             _fmt(m.get("train/clipfrac"), 2),
@@ -142,8 +128,20 @@ def _verdicts_table(history: Sequence[StepRecord]) -> Table:
 
 
 def _untrained_lines(history: Sequence[StepRecord]) -> list[str]:
-    """One line per step that trained nothing (no sample in the loss), with why."""
-    return [
+    """How many responses each step cut off at the length limit (when any), and one line per
+    step that trained nothing (no sample in the loss), with why."""
+    lines = []
+    if any(h.metrics.get("rollout/truncated") for h in history):
+        counts = ", ".join(
+            f"step {h.step}: {h.metrics.get('rollout/truncated', 0)} of "
+            f"{h.metrics.get('rollout/samples', 0)}"
+            for h in history
+        )
+        lines.append(
+            f"[bold]cut off at the length limit[/] (judged; in the loss only with "
+            f"--keep-cut-off): {counts}"
+        )
+    return lines + [
         f"[bold]step {h.step} trained nothing[/]: {h.untrained}; its weights were not changed"
         for h in history
         if h.untrained is not None
