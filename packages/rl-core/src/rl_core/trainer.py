@@ -300,7 +300,7 @@ class GRPOTrainer:
                     self._untrained_steps,
                     self.cfg.max_untrained_steps,
                     untrained,
-                    f"; {CUT_OFF_RULE}" if any(s.cut_off for s in batch) else "",
+                    f"; {CUT_OFF_RULE}" if any(s.left_out == "cut_off" for s in batch) else "",
                 )
             await self.finish_step(step, batch, adv, errors, train_metrics, times, untrained)
             if untrained is not None and self._untrained_steps >= self.cfg.max_untrained_steps:
