@@ -109,6 +109,9 @@ def train_flags(
         str(n),
         "--rollout-max-response-len",
         str(response_len),
+        # a random policy writes to the limit: train on its cut-off responses, so every step
+        # times a real train phase and weight sync (by default they would train nothing)
+        "--keep-cut-off",
         "--rollout-temperature",
         "1.0",
         "--lr",

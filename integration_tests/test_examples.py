@@ -550,6 +550,8 @@ TWIN_COMMON = [
     "4",
     "--rollout-max-response-len",
     "4",
+    # the tiny random policy is cut off at the limit: train on it, so the twin trains and syncs
+    "--keep-cut-off",
     "--max-tokens-per-gpu",
     "512",
     "--lr",

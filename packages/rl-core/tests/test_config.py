@@ -83,11 +83,27 @@ def test_preset_and_config_file_and_cli_priority(tmp_path):
             id="defer-non-dummy",
         ),
         pytest.param(["--genrm-instances", "{bad"], "genrm-instances", id="genrm-json"),
+        pytest.param(
+            ["--max-untrained-steps", "0"], "--max-untrained-steps = 0", id="untrained-steps"
+        ),
     ],
 )
 def test_invalid_configs_name_the_flag(extra, match):
     with pytest.raises(ConfigError, match=match):
         parse_train_args([*BASE, *extra])
+
+
+def test_cut_off_responses_are_out_of_the_loss_unless_kept(tmp_path):
+    """One default (TrainConfig's field), the same from flags, a config file and the preset."""
+    cfg = parse_train_args(BASE)
+    assert (cfg.keep_cut_off, cfg.max_untrained_steps) == (False, 3)
+    assert not parse_train_args(["--preset", "cpu-demo"]).keep_cut_off
+    cfg = parse_train_args([*BASE, "--keep-cut-off", "--max-untrained-steps", "5"])
+    assert (cfg.keep_cut_off, cfg.max_untrained_steps) == (True, 5)
+    f = tmp_path / "c.yaml"
+    f.write_text("keep-cut-off: true\n")
+    assert parse_train_args([*BASE, "--config", str(f)]).keep_cut_off
+    assert not parse_train_args([*BASE, "--config", str(f), "--no-keep-cut-off"]).keep_cut_off
 
 
 def test_unknown_key_in_config_file(tmp_path):

@@ -1,8 +1,9 @@
 """Fixes from a review of the GRPO core, each pinned by a test.
 
-Aborted generations are neither judged nor trained; the group baseline and the loss use one
-membership rule; extreme log-ratios cannot make the gradient NaN; sampling seeds never collide
-across steps, groups or evaluation.
+Aborted generations are neither judged nor trained; a response cut off at the length limit is
+judged but not trained, unless the run keeps cut-off responses; the group baseline and the loss
+use one membership rule; extreme log-ratios cannot make the gradient NaN; sampling seeds never
+collide across steps, groups or evaluation.
 """
 
 import itertools
@@ -15,7 +16,7 @@ from rl_core.grpo.loss import LossConfig, grpo_loss
 from rl_core.rewards import judgeable
 from rl_core.rollout import SEED_EVAL, SEED_TRAIN, RolloutSettings, fill_sample, sample_seed
 from rl_core.sample import Sample
-from rl_core.trainer import GRPOTrainer
+from rl_core.trainer import GRPOTrainer, train_items, untrained_reason
 
 
 def _out(finish: str) -> EngineOutput:
@@ -62,6 +63,67 @@ def test_the_baseline_uses_only_the_samples_in_the_loss(tmp_path):
     trainer.advantages(clean)
     assert [s.advantage for s in batch[:2]] == [s.advantage for s in clean]
     assert batch[2].advantage == 0.0
+
+
+def _trainer(tmp_path, **kw):
+    cfg = build_config(
+        hf_checkpoint="m", prompt_data="d.jsonl", rm_type="math", run_dir=str(tmp_path), **kw
+    )
+    trainer = GRPOTrainer.__new__(GRPOTrainer)  # only its advantage rule is under test
+    trainer.cfg = cfg
+    return trainer
+
+
+def test_a_response_cut_off_at_the_length_limit_stays_out_of_the_loss_and_the_baseline(tmp_path):
+    """Its reward judges an answer the policy never finished: a judged 1 for ' 7EPOCH' (label 7)
+    must neither train the policy nor raise its group's mean."""
+    trainer = _trainer(tmp_path)
+    assert not trainer.cfg.keep_cut_off  # the default
+    batch = _scored([1.0, 0.0, 1.0], ["ok", "ok", "ok"])
+    batch[2].finish_reason = "length"
+    trainer.advantages(batch)
+    clean = _scored([1.0, 0.0], ["ok", "ok"])
+    trainer.advantages(clean)
+    assert [s.advantage for s in batch[:2]] == [s.advantage for s in clean]
+    assert batch[2].left_out == "cut_off" and not batch[2].in_loss and batch[2].advantage == 0.0
+    assert batch[0].in_loss and batch[1].in_loss
+    assert [it.in_loss for it in train_items(batch)] == [True, True, False]
+
+
+def test_keep_cut_off_trains_on_a_cut_off_response(tmp_path, char_tokenizer):
+    """--keep-cut-off: the rollout marks its samples, and a cut-off response is in the loss and
+    in its group's baseline like a finished one."""
+    trainer = _trainer(tmp_path, keep_cut_off=True)
+    assert trainer.cfg.keep_cut_off
+    settings = RolloutSettings(2, 2, keep_cut_off=trainer.cfg.keep_cut_off)
+    batch = _scored([1.0, 0.0, 1.0], ["ok", "ok", "ok"])
+    fill_sample(batch[2], _out("length"), char_tokenizer, settings)
+    assert batch[2].cut_off and batch[2].keep_cut_off and batch[2].in_loss
+    trainer.advantages(batch)
+    full = _scored([1.0, 0.0, 1.0], ["ok", "ok", "ok"])
+    trainer.advantages(full)
+    assert [s.advantage for s in batch] == [s.advantage for s in full]
+    assert batch[2].advantage != 0.0
+    # without the flag, the same output leaves the sample out
+    dropped = _scored([1.0], ["ok"])[0]
+    fill_sample(dropped, _out("length"), char_tokenizer, RolloutSettings(2, 2))
+    assert dropped.cut_off and not dropped.in_loss
+
+
+def test_a_step_with_no_sample_in_the_loss_says_why():
+    cut = _scored([1.0, 0.0, 1.0, 0.0], ["ok"] * 4)
+    for s in cut:
+        s.finish_reason = "length"
+    assert untrained_reason(cut, 256) == "all 4 responses hit --rollout-max-response-len 256"
+    mixed = _scored([None, 1.0, 0.0, 1.0], ["judge_error", "ok", "ok", "aborted"])
+    for s in mixed[1:3]:
+        s.finish_reason = "length"
+    assert untrained_reason(mixed, 4) == (
+        "none of the 4 samples is in the loss (2 cut off at --rollout-max-response-len 4, "
+        "1 with a judge error, 1 aborted by the engine)"
+    )
+    mixed[3].status = "ok"
+    assert untrained_reason(mixed, 4) is None  # one sample is in: the step trains
 
 
 def test_an_extreme_log_ratio_keeps_the_gradient_finite():

@@ -110,6 +110,9 @@ def _cfg(tmp_path, data, **kw):
         run_dir=str(tmp_path / "run"),
         genrm_model_path="scripted",  # the plan's judge; the tests use the module's service
         genrm_engine="scripted",
+        # the tiny random policy is cut off at the length limit nearly every time: these tests
+        # are about the judge's rewards and failures, so they train on cut-off responses
+        keep_cut_off=True,
     )
     base.update(kw)
     base.setdefault("builtin_reward_post_process", base.get("defer_reward_to_post_process", False))

@@ -57,6 +57,9 @@ async def test_train_two_steps_from_flags(tmp_path, monkeypatch):
             "4",
             "--rollout-max-response-len",
             "6",
+            # the tiny random policy is cut off at the limit: train on it (the run is about
+            # start-up, layout, eval and checkpoints)
+            "--keep-cut-off",
             "--rollout-temperature",
             "1.2",
             "--lr",

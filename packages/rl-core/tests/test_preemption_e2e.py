@@ -51,6 +51,9 @@ def _argv(tmp_path, model, *extra):
         "4",
         "--rollout-max-response-len",
         "6",
+        # the tiny random policy is cut off at the limit: train on it (every step must train
+        # and sync for the weight versions and the stop at --max-untrained-steps never to come)
+        "--keep-cut-off",
         "--save",
         str(tmp_path / "ckpt"),
         "--save-interval",

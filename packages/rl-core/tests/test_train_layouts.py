@@ -84,6 +84,9 @@ def _argv(files: dict[str, Path], name: str, *layout: str) -> list[str]:
         "4",
         "--rollout-max-response-len",
         "4",
+        # the tiny random policy is cut off at the limit: train on it, so every layout trains
+        # and syncs weights
+        "--keep-cut-off",
         "--lr",
         "1e-3",
         "--device",

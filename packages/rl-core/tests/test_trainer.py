@@ -2,18 +2,23 @@
 
 Checks what a user relies on: rewards reach the advantages, weights change and the rollout engine
 serves each new version, judge failures are masked (and too many stop the run), defer-swap puts
-the engines in the expected states, fully-async trains on at most 1-step-stale samples, and a
-resumed run takes the same next step as an uninterrupted one.
+the engines in the expected states, fully-async trains on at most 1-step-stale samples, a
+resumed run takes the same next step as an uninterrupted one, and a response cut off at the
+length limit stays out of the loss (a run with nothing else to train on stops and says why).
 """
+
+import dataclasses
 
 import pytest
 import torch
+from rich.console import Console
 from tiny_grpo import local_stack, make_trainer
 
 from rl_core.config import build_config
 from rl_core.metrics import read_metrics
 from rl_core.rewards import JudgeFailureError, custom_post_process, defer_swap_post_process
-from rl_core.trainer import RewardSetup
+from rl_core.summary import render_summary
+from rl_core.trainer import NothingToTrainError, RewardSetup
 
 
 class RecordingJudge:
@@ -60,6 +65,12 @@ def _cfg(tmp_path, data, **kw):
         use_tis=True,
         genrm_model_path="scripted",  # the plan's judge; the tests put their own in its phases
         genrm_engine="scripted",
+        # The tiny random policy almost never writes EOS within 6 tokens, so nearly every
+        # response is cut off at the length limit. These tests pin the driver's mechanics (train,
+        # weight sync, swaps, staleness, resume, judge-error masking), which do not depend on
+        # which samples the loss holds: they train on cut-off responses (and so cover the
+        # opt-out). The default rule has its own tests below.
+        keep_cut_off=True,
     )
     base.update(kw)
     # defer mode: the plan needs a hook; the tests hand the trainer theirs
@@ -277,3 +288,111 @@ async def test_resume_matches_uninterrupted(
     )
     for k, v in sb.model.state_dict().items():
         assert torch.allclose(v, rb.model.state_dict()[k], atol=1e-6), k
+
+
+async def test_a_step_whose_responses_are_all_cut_off_trains_nothing_and_says_why(
+    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    """The default rule: every response hits the limit, so no sample is in the loss. Each step
+    is judged and recorded, trains nothing and says why; the second such step in a row stops
+    the run with an error naming the flag, its value and the rule."""
+    cfg = _cfg(tmp_path, data_file, num_rollout=4, keep_cut_off=False, max_untrained_steps=2)
+    assert not cfg.keep_cut_off
+    trainer, engine, backend = await _trainer(
+        cfg, tiny_model_path, char_tokenizer, test_engine_factory
+    )
+    generate = engine.generate
+
+    async def never_finishes(requests):  # the odd response that wrote EOS is cut off too
+        outs = await generate(requests)
+        return [dataclasses.replace(o, finish_reason="length") for o in outs]
+
+    engine.generate = never_finishes
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    trained = []
+    orig = trainer.train
+
+    async def spy(batch):
+        trained.append(batch)
+        return await orig(batch)
+
+    trainer.train = spy
+    with pytest.raises(
+        NothingToTrainError,
+        match=r"^steps 1-2: no sample was in the loss, 2 steps in a row \(--max-untrained-steps "
+        r"2\); step 2: all 8 responses hit --rollout-max-response-len 6; .*--keep-cut-off",
+    ):
+        await trainer.run()
+    assert trained == []  # no optimizer step ...
+    assert engine.weight_version == 0 == trainer.weight_version  # ... and no weight sync
+    for k, v in backend.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    records = read_metrics(cfg.run_dir)
+    assert [r["step"] for r in records] == [1, 2]  # both steps are recorded before the stop
+    for r in records:
+        assert r["rollout/truncated"] == 8 and r["rollout/in_loss"] == 0
+        assert r["rollout/reward_samples"] == 8  # judged all the same
+        assert r["train/untrained"] == 1
+        assert r["train/untrained_reason"] == "all 8 responses hit --rollout-max-response-len 6"
+        assert r["adv/nonzero"] == 0
+    assert [h.untrained for h in trainer.history] == [records[0]["train/untrained_reason"]] * 2
+
+    console = Console(record=True, width=200)
+    render_summary(trainer.history, mode="colocate", console=console)
+    text = console.export_text()
+    assert "step 1 trained nothing: all 8 responses hit --rollout-max-response-len 6" in text
+    assert "step 1: 8 of 8, step 2: 8 of 8" in text  # the responses cut off per step
+
+
+async def test_cut_off_responses_stay_out_of_a_step_that_trains(
+    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+):
+    """A digit ends a response (a stop string), so some responses finish and the others are cut
+    off: the step trains on the finished ones only, and a cut-off response moves no baseline."""
+    cfg = _cfg(
+        tmp_path,
+        data_file,
+        num_rollout=1,
+        keep_cut_off=False,
+        rollout_stop=list("0123456789"),
+        rollout_batch_size=4,
+    )
+    trainer, engine, _ = await _trainer(
+        cfg, tiny_model_path, char_tokenizer, test_engine_factory, reward=LengthReward()
+    )
+    batches = []
+    orig = trainer.finish_step
+
+    async def spy(step, batch, *rest):
+        batches.append(batch)
+        await orig(step, batch, *rest)
+
+    trainer.finish_step = spy
+    history = await trainer.run()
+    (batch,) = batches
+    cut = [s for s in batch if s.cut_off]
+    done = [s for s in batch if not s.cut_off]
+    assert cut and done, [s.finish_reason for s in batch]
+    assert all(s.reward is not None for s in cut)  # judged
+    assert all(not s.in_loss and s.left_out == "cut_off" and s.advantage == 0.0 for s in cut)
+    assert all(s.in_loss for s in done)
+    for gid in {s.group_id for s in batch}:  # each group's baseline is its finished responses'
+        group = [s for s in done if s.group_id == gid]
+        rewards = [s.reward for s in group]
+        if len(set(rewards)) > 1:
+            mean = sum(rewards) / len(rewards)
+            assert all((s.advantage > 0) == (s.reward > mean) for s in group)
+        else:
+            assert all(s.advantage == 0.0 for s in group)
+    (record,) = read_metrics(cfg.run_dir)
+    assert record["rollout/truncated"] == len(cut) and record["rollout/in_loss"] == len(done)
+    assert record["train/untrained"] == 0 and "train/untrained_reason" not in record
+    assert engine.weight_version == 1 and history[0].untrained is None
+
+
+class LengthReward:
+    """A reward that differs among finished responses: 1.0 for a response of at most 3 tokens."""
+
+    async def __call__(self, args, sample):
+        score = 1.0 if sample.response_length <= 3 else 0.0
+        return {"score": score, "status": "ok", "gate": "miss", "acc": int(score)}

@@ -88,6 +88,11 @@ class TrainConfig(RewardArgs):
     use_tis: bool = False
     tis_clip: float = Field(default=2.0, ge=1.0)
     tis_clip_low: float = Field(default=0.0, ge=0.0, le=1.0)
+    #: train on responses cut off at --rollout-max-response-len too (by default they are judged
+    #: and counted, but stay out of the loss and of their group's mean and std)
+    keep_cut_off: bool = False
+    #: stop the run after this many steps in a row in which no sample was in the loss
+    max_untrained_steps: int = Field(default=3, gt=0)
     # optimizer
     optimizer: Literal["adam"] = "adam"
     lr: float = Field(default=1e-6, gt=0.0)
@@ -347,6 +352,17 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     _flag(g, "--use-tis", help="truncated importance sampling with rollout log-probs")
     _flag(g, "--tis-clip")
     _flag(g, "--tis-clip-low")
+    _flag(
+        g,
+        "--keep-cut-off",
+        help="train on responses cut off at --rollout-max-response-len (by default they are "
+        "judged but kept out of the loss and of their group's mean / std)",
+    )
+    _flag(
+        g,
+        "--max-untrained-steps",
+        help="stop the run after this many steps in a row with no sample in the loss",
+    )
 
     g = p.add_argument_group("optimizer")
     for name in (

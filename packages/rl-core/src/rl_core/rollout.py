@@ -40,6 +40,8 @@ class RolloutSettings:
     max_prompt_len: int | None = None
     need_logprobs: bool = True
     seed: int | None = None
+    #: ``--keep-cut-off``: a response cut off at the length limit stays in the loss
+    keep_cut_off: bool = False
 
 
 def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], chat: bool) -> list[int]:
@@ -114,6 +116,7 @@ def fill_sample(
     sample.response = tokenizer.decode(tokens, skip_special_tokens=True)
     sample.finish_reason = finish
     sample.weight_version = out.weight_version
+    sample.keep_cut_off = settings.keep_cut_off
     if finish in ("abort", "error"):  # cut off by the engine: never judged, never trained
         sample.status = "aborted"
 

@@ -16,6 +16,8 @@ from typing import Any, Literal
 #: that the engine did not finish the response (it is neither judged nor trained).
 RewardStatus = Literal["pending", "ok", "unparsed", "judge_error", "deferred", "aborted"]
 FinishReason = Literal["stop", "length", "abort", "error"]
+#: Why a sample is out of the loss and of its group's statistics (see :attr:`Sample.left_out`).
+LeftOut = Literal["judge_error", "aborted", "empty", "cut_off", "no_reward"]
 
 
 @dataclass
@@ -42,6 +44,9 @@ class Sample:
     status: RewardStatus = "pending"
     reward_details: dict[str, Any] = field(default_factory=dict)
     advantage: float = 0.0
+    #: ``--keep-cut-off``: a response cut off at the length limit trains like a finished one
+    #: (the rollout copies the run's setting here; the rule itself is :attr:`left_out`)
+    keep_cut_off: bool = False
 
     @property
     def tokens(self) -> list[int]:
@@ -53,14 +58,38 @@ class Sample:
         return len(self.response_tokens)
 
     @property
+    def cut_off(self) -> bool:
+        """The response hit the length limit (``--rollout-max-response-len``) before it ended."""
+        return self.finish_reason == "length"
+
+    @property
+    def left_out(self) -> LeftOut | None:
+        """Why the sample stays out of the loss and of its group's mean and std, or None when it
+        is in: the one membership rule of both.
+
+        A judge failure, an aborted generation, an empty response and a sample without a reward
+        are never in. Nor, unless ``keep_cut_off``, is a response cut off at the length limit: it
+        is judged and counted, but its verdict is on an answer the policy never finished (a 0 for
+        a right start, or a 1 for a leading number followed by garbage), and it would pull its
+        group's mean and std.
+        """
+        if self.status == "judge_error":
+            return "judge_error"
+        if self.status == "aborted":
+            return "aborted"
+        if self.response_length == 0:
+            return "empty"
+        if self.cut_off and not self.keep_cut_off:
+            return "cut_off"
+        if self.reward is None:
+            return "no_reward"
+        return None
+
+    @property
     def in_loss(self) -> bool:
-        """Whether the sample takes part in the loss and its group's baseline: a judge failure
-        or an aborted generation never does."""
-        return (
-            self.status not in ("judge_error", "aborted")
-            and self.reward is not None
-            and self.response_length > 0
-        )
+        """Whether the sample takes part in the loss and its group's baseline (:attr:`left_out`
+        says why not)."""
+        return self.left_out is None
 
     def apply_reward(self, result: dict[str, Any], reward_key: str = "score") -> None:
         """Store a reward function's result; a missing/None score is a judge error, never a 0."""

@@ -127,6 +127,27 @@ def _verdicts_table(history: Sequence[StepRecord]) -> Table:
     return verdicts
 
 
+def _untrained_lines(history: Sequence[StepRecord]) -> list[str]:
+    """How many responses each step cut off at the length limit (when any), and one line per
+    step that trained nothing (no sample in the loss), with why."""
+    lines = []
+    if any(h.metrics.get("rollout/truncated") for h in history):
+        counts = ", ".join(
+            f"step {h.step}: {h.metrics.get('rollout/truncated', 0)} of "
+            f"{h.metrics.get('rollout/samples', 0)}"
+            for h in history
+        )
+        lines.append(
+            f"[bold]cut off at the length limit[/] (judged; in the loss only with "
+            f"--keep-cut-off): {counts}"
+        )
+    return lines + [
+        f"[bold]step {h.step} trained nothing[/]: {h.untrained}; its weights were not changed"
+        for h in history
+        if h.untrained is not None
+    ]
+
+
 def _eval_lines(history: Sequence[StepRecord], evals: Sequence[dict[str, Any]] | None) -> list[str]:
     if evals is None:
         evals = [{"step": h.step, **h.metrics} for h in history if h.metrics.get("eval/samples")]
@@ -172,6 +193,8 @@ def render_summary(
         if table is not None:
             console.print(table)
     console.print(_steps_table(history))
+    for line in _untrained_lines(history):
+        console.print(line)
     console.print(_verdicts_table(history))
     for line in _eval_lines(history, evals):
         console.print(line)

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rl_core.placement import PlacementError, PlacementUnavailableError
     from rl_core.rewards import JudgeFailureError
     from rl_core.stopping import StopRequest
-    from rl_core.trainer import CheckpointError
+    from rl_core.trainer import CheckpointError, NothingToTrainError
 
     stop = StopRequest()
     try:
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = stop.name if stop.requested else "SIGINT"
         how = "at once by a second signal" if stop.count > 1 else "during start-up"
         _exit_now(stop.exit_code, f"stopped by {name} {how}: nothing saved")
-    except (EngineStartError, JudgeFailureError, CheckpointError) as err:
+    except (EngineStartError, JudgeFailureError, NothingToTrainError, CheckpointError) as err:
         print(f"rl-core train: {err}", file=sys.stderr)
         return 1
     if stop.report is not None:

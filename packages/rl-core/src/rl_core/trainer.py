@@ -56,6 +56,11 @@ class CheckpointError(RuntimeError):
     evaluation) is kept."""
 
 
+class NothingToTrainError(RuntimeError):
+    """``--max-untrained-steps`` steps in a row had no sample in the loss: the run would go on
+    spending rollouts and judge calls without changing a weight."""
+
+
 @dataclass
 class StepRecord:
     """What happened in one step, for the metrics and the closing summary."""
@@ -64,6 +69,8 @@ class StepRecord:
     metrics: dict[str, Any]
     phase_times: dict[str, float]
     verdicts: Counter[str] = field(default_factory=Counter)
+    #: why the step trained nothing (no sample in the loss), None when it trained
+    untrained: str | None = None
 
 
 @dataclass
@@ -112,6 +119,8 @@ def sample_row(s: Sample) -> dict[str, Any]:
         "status": s.status,
         "source": verdict_source(s),
         "advantage": s.advantage,
+        "in_loss": s.in_loss,
+        "left_out": s.left_out,
         "weight_version": s.weight_version,
         "details": {k: v for k, v in s.reward_details.items() if k not in ("score", "status")},
     }
@@ -124,6 +133,35 @@ def _acc(sample: Sample) -> float | None:
     if isinstance(acc, int | float) and not isinstance(acc, bool):
         return float(acc)
     return 1.0 if sample.reward > 0.5 else 0.0
+
+
+#: What a step with cut-off responses and nothing to train says after its reason.
+CUT_OFF_RULE = (
+    "a response cut off at the length limit is judged but kept out of the loss and of its "
+    "group's mean / std: raise --rollout-max-response-len, or train on cut-off responses with "
+    "--keep-cut-off"
+)
+
+
+def untrained_reason(batch: Sequence[Sample], max_response_len: int) -> str | None:
+    """Why no sample of ``batch`` is in the loss, in one line; None when some sample is."""
+    why = Counter(s.left_out for s in batch)
+    if None in why:
+        return None
+    n = len(batch)
+    if not n:
+        return "the step has no sample"
+    if why["cut_off"] == n:
+        return f"all {n} responses hit --rollout-max-response-len {max_response_len}"
+    words = {
+        "cut_off": f"cut off at --rollout-max-response-len {max_response_len}",
+        "judge_error": "with a judge error",
+        "aborted": "aborted by the engine",
+        "empty": "empty",
+        "no_reward": "without a reward",
+    }
+    parts = ", ".join(f"{k} {words[str(reason)]}" for reason, k in why.most_common())
+    return f"none of the {n} samples is in the loss ({parts})"
 
 
 def train_items(batch: Sequence[Sample]) -> list[TrainItem]:
@@ -208,7 +246,10 @@ class GRPOTrainer:
             max_prompt_len=cfg.rollout_max_prompt_len,
             need_logprobs=cfg.use_tis,
             seed=self._sampling_seed,
+            keep_cut_off=cfg.keep_cut_off,
         )
+        #: steps in a row that trained nothing (no sample in the loss)
+        self._untrained_steps = 0
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -246,28 +287,65 @@ class GRPOTrainer:
             adv = self.advantages(batch)
             await self.record_memory("inference")
 
-            await self.phases.enter("train")
-            t0 = time.perf_counter()
-            train_metrics = await self.train(batch)
-            times["train"] = time.perf_counter() - t0
-            await self.record_memory("train")
-
-            t0 = time.perf_counter()
-            if not self.overlap:
-                await self.phases.enter("inference")
-            times["wake"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            await self.sync_weights(self.weight_version + 1)
-            times["weight_sync"] = time.perf_counter() - t0
-            await self.record_memory("weight_sync")
-
-            await self.finish_step(step, batch, adv, errors, train_metrics, times)
+            untrained = untrained_reason(batch, self.cfg.rollout_max_response_len)
+            if untrained is None:
+                self._untrained_steps = 0
+                train_metrics = await self._train_and_sync(batch, times)
+            else:  # nothing to learn from: no optimizer step, the engines keep their weights
+                self._untrained_steps += 1
+                train_metrics = {}
+                logger.warning(
+                    "step %d trained nothing (%d of --max-untrained-steps %d in a row): %s%s",
+                    step + 1,
+                    self._untrained_steps,
+                    self.cfg.max_untrained_steps,
+                    untrained,
+                    f"; {CUT_OFF_RULE}" if any(s.left_out == "cut_off" for s in batch) else "",
+                )
+            await self.finish_step(step, batch, adv, errors, train_metrics, times, untrained)
+            if untrained is not None and self._untrained_steps >= self.cfg.max_untrained_steps:
+                raise NothingToTrainError(self._nothing_trained(step + 1, batch, untrained))
         if self.stopping:
             await self._save_on_stop(ahead)
         if self.stop is not None:
             self.stop.abrupt()
         self.metrics.close()
         return self.history
+
+    async def _train_and_sync(
+        self, batch: list[Sample], times: dict[str, float]
+    ) -> dict[str, float]:
+        """The step's optimizer steps, then its weights to the rollout engines."""
+        await self.phases.enter("train")
+        t0 = time.perf_counter()
+        train_metrics = await self.train(batch)
+        times["train"] = time.perf_counter() - t0
+        await self.record_memory("train")
+
+        t0 = time.perf_counter()
+        if not self.overlap:
+            await self.phases.enter("inference")
+        times["wake"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await self.sync_weights(self.weight_version + 1)
+        times["weight_sync"] = time.perf_counter() - t0
+        await self.record_memory("weight_sync")
+        return train_metrics
+
+    def _nothing_trained(self, step: int, batch: list[Sample], reason: str) -> str:
+        """The error of a run stopped by ``--max-untrained-steps``: the steps, why, what to do."""
+        n, limit = self._untrained_steps, self.cfg.max_untrained_steps
+        if n == 1:
+            text = f"step {step}: no sample was in the loss (--max-untrained-steps {limit}): "
+        else:
+            text = (
+                f"steps {step - n + 1}-{step}: no sample was in the loss, {n} steps in a row "
+                f"(--max-untrained-steps {limit}); step {step}: "
+            )
+        text += reason
+        if any(s.left_out == "cut_off" for s in batch):
+            text += f"; {CUT_OFF_RULE}"
+        return text
 
     @property
     def stopping(self) -> bool:
@@ -348,8 +426,6 @@ class GRPOTrainer:
         """Log-probs from the forward-only roles where the plan has them, then the optimizer
         steps of this rollout on the learner (one per global batch)."""
         items = train_items(batch)
-        if not items:
-            return {"skipped": 1.0}
         size = self.cfg.train_batch_size
         old = ref = None
         if self.actor_fwd is not None and len(items) > size:
@@ -393,10 +469,15 @@ class GRPOTrainer:
         errors: int,
         train_metrics: dict[str, float],
         times: dict[str, float],
+        untrained: str | None = None,
     ) -> None:
-        """Metrics, evaluation, checkpoint and sample dump of a trained step."""
+        """Metrics, evaluation, checkpoint and sample dump of a step (``untrained``: why it
+        trained nothing, when it did not)."""
         metrics = self._rollout_metrics(batch)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+        metrics["train/untrained"] = 0 if untrained is None else 1
+        if untrained is not None:
+            metrics["train/untrained_reason"] = untrained
         metrics.update(
             {
                 "adv/nonzero": sum(1 for a in adv.values if a != 0.0),
@@ -436,7 +517,7 @@ class GRPOTrainer:
         # written before the checkpoint: a save that fails loses none of it
         self.metrics.log(step + 1, metrics)
         self.metrics.log_samples(f"step_{step + 1:06d}", [sample_row(s) for s in batch])
-        self.history.append(StepRecord(step + 1, metrics, times, verdicts))
+        self.history.append(StepRecord(step + 1, metrics, times, verdicts, untrained))
         if self.cfg.save and (
             (self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0)
             or step + 1 == self.cfg.num_rollout
@@ -523,6 +604,7 @@ class GRPOTrainer:
             apply_chat_template=cfg.apply_chat_template,
             need_logprobs=False,
             seed=self._sampling_seed,
+            keep_cut_off=cfg.keep_cut_off,
         )
         if self.phases.current != "inference":
             await self.phases.enter("inference")
@@ -567,7 +649,10 @@ class GRPOTrainer:
             "rollout/unparsed": sum(1 for s in batch if s.status == "unparsed"),
             "rollout/aborted": sum(1 for s in batch if s.status == "aborted"),
             "rollout/response_len_mean": statistics.fmean(lens),
-            "rollout/truncated": sum(1 for s in batch if s.finish_reason == "length"),
+            # cut off at the length limit: judged, and in the reward mean above, but out of the
+            # loss and of the group statistics unless --keep-cut-off
+            "rollout/truncated": sum(1 for s in batch if s.cut_off),
+            "rollout/in_loss": sum(1 for s in batch if s.in_loss),
             **rule_agreement(batch, [verdict_source(s) for s in batch], "rollout/"),
         }
 
