@@ -180,7 +180,8 @@ async def test_two_steps_with_judge_rewards(
     assert any(not torch.equal(v, before[k]) for k, v in backend.model.state_dict().items())
     records = read_metrics(cfg.run_dir)
     assert [r["step"] for r in records] == [1, 2]
-    assert all(r["verdicts/judge"] + r.get("verdicts/judge_error", 0) == 16 for r in records)
+    judged = ("verdicts/judge", "verdicts/judge_cache", "verdicts/judge_error")
+    assert all(sum(r.get(k, 0) for k in judged) == 16 for r in records)
 
 
 async def test_failing_judge_masks_then_aborts(
