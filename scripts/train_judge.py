@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from genrm_rewards.dapo_genrm import build_messages
-from genrm_rewards.judge_answer_forms import ANSWER_FORM_FAMILIES
+from genrm_rewards.judge_answer_forms import ANSWER_FORM_FAMILIES, CONTRAST_FAMILIES
 from genrm_rewards.judge_examples import (
     JudgeExample,
     load_dapo_problems,
@@ -400,6 +400,13 @@ def main() -> None:
         default=0,
         help="one value stated in another form (x = 5 for 5, a chain, an interval), appended",
     )
+    ap.add_argument(
+        "--contrast-examples",
+        type=int,
+        default=0,
+        help="0.5 for 1/2 against 0.33 for 1/3, an equation label against its right side, "
+        "grouped thousands against a list (judge_answer_forms.CONTRAST_FAMILIES), appended",
+    )
     ap.add_argument("--held-out-fraction", type=float, default=0.1)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -464,6 +471,7 @@ def main() -> None:
             ("--grader-right-examples", ns.grader_right_examples),
             ("--solution-examples", ns.solution_examples),
             ("--answer-form-examples", ns.answer_form_examples),
+            ("--contrast-examples", ns.contrast_examples),
         ):
             if n:
                 raise SystemExit(
@@ -487,6 +495,9 @@ def main() -> None:
         train += make_examples(train_p, ns.solution_examples, seed=ns.seed + 5, solution_tails=True)
         train += make_format_examples(
             train_p, ns.answer_form_examples, seed=ns.seed + 6, families=ANSWER_FORM_FAMILIES
+        )
+        train += make_format_examples(
+            train_p, ns.contrast_examples, seed=ns.seed + 7, families=CONTRAST_FAMILIES
         )
         held = make_examples(held_p, ns.held_out_examples, seed=ns.seed + 1)
     if ns.dump_examples:
@@ -663,7 +674,8 @@ def main() -> None:
             f"dapo-math-17k by construction ({ns.train_examples}), plus {ns.format_examples} "
             f"typesetting pairs, {ns.grader_examples} grader-addressed wrong answers and "
             f"{ns.grader_right_examples} right answers with notes to the grader, "
-            f"{ns.solution_examples} solution tails, {ns.answer_form_examples} answer forms"
+            f"{ns.solution_examples} solution tails, {ns.answer_form_examples} answer forms, "
+            f"{ns.contrast_examples} contrast pairs"
         ),
         "seed": ns.seed,
         "init_adapter": str(ns.init_adapter) if ns.init_adapter else None,

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from genrm_rewards.judge_answer_forms import ANSWER_FORM_FAMILIES
+from genrm_rewards.judge_answer_forms import ANSWER_FORM_FAMILIES, CONTRAST_FAMILIES
 from genrm_rewards.judge_examples import NO_QUESTION, JudgeExample, Problem
 from genrm_rewards.judge_format_examples import make_format_examples
 from genrm_rewards.rules import math_decide_sync
@@ -129,3 +129,17 @@ def test_answer_forms_leave_the_default_mix_as_it_was() -> None:
     default = make_format_examples(PROBLEMS, 50, seed=3)
     forms = make_format_examples(PROBLEMS, 50, seed=3, families=ANSWER_FORM_FAMILIES)
     assert not {e.kind.split("/")[1] for e in forms} & {e.kind.split("/")[1] for e in default}
+
+
+def test_contrast_pairs_hold_their_labels() -> None:
+    """The contrast families (``0.5`` for ``\\frac12`` against ``0.33`` for ``\\frac13``, an
+    equation label against its right side, grouped thousands against a list): both verdicts in
+    each, and math-verify agrees with every label."""
+    examples = make_format_examples(PROBLEMS, 300, seed=4, families=CONTRAST_FAMILIES)
+    for family, *_ in CONTRAST_FAMILIES:
+        both = {e.verdict for e in examples if e.kind.split("/")[1] == family}
+        assert both == {0, 1}, family
+    for e in examples:
+        answer = e.response.removeprefix("The answer is ").removeprefix("Answer: ").strip()
+        decision = math_decide_sync(e.label, answer.removesuffix("."))
+        assert decision == ("equal" if e.verdict else "not_equal"), e

@@ -23,7 +23,7 @@ from fractions import Fraction
 
 from genrm_rewards.judge_format_examples import Family
 
-__all__ = ["ANSWER_FORM_FAMILIES"]
+__all__ = ["ANSWER_FORM_FAMILIES", "CONTRAST_FAMILIES"]
 
 
 def _value(rng: random.Random) -> tuple[str, str]:
@@ -331,4 +331,68 @@ ANSWER_FORM_FAMILIES: list[tuple[str, Callable[[random.Random], Family], float]]
     ("unit", _unit_family, 0.08),
     ("commuted", _commuted_family, 0.10),
     ("grouped", _grouped_family, 0.06),
+]
+
+
+def _terminating_decimal_family(rng: random.Random) -> Family:
+    """A fraction whose decimal ends (``0.5`` is ``\\frac12``): the counterpart of the long
+    decimals' short miss (``0.33`` for ``\\frac13`` is a 0), so that the judge tells a decimal
+    that is the value from one that only begins it."""
+    q = rng.choice([2, 4, 5, 8, 16, 20, 25])
+    p = rng.choice([k for k in range(1, 2 * q) if Fraction(k, q).denominator == q])
+    exact = f"{p / q:g}"
+    label = rng.choice([f"\\frac{{{p}}}{{{q}}}", f"{p}/{q}", f"\\frac {{{p}}}{{{q}}}"])
+    same = [("decimal", exact), ("decimal_dollar", f"${exact}$"), ("boxed", f"\\boxed{{{exact}}}")]
+    misses = [
+        ("digit_off", f"{(p + 1) / q:g}"),
+        ("inverted", f"{q / p:g}"),
+        ("truncated", exact[:-1] if len(exact.rstrip("0")) > 3 else f"{p / q + 0.1:g}"),
+    ]
+    return label, same, [m for m in misses if m[1] not in (exact, "", "0.", "1.")]
+
+
+def _equation_label_family(rng: random.Random) -> Family:
+    """A label that is an equation among several unknowns (``2x+z=1``): its right side alone is
+    not the answer (unlike a name for the value, ``k = 1``); the same equation reordered is."""
+    u, w = rng.sample("xyzab", 2)
+    c = rng.randint(2, 9)
+    v = rng.randint(-9, 20)
+    label = rng.choice([f"{c}{u}+{w}={v}", f"${c}{u} + {w} = {v}$"])
+    same = [
+        ("identical", f"{c}{u}+{w}={v}"),
+        ("reordered", f"{w}+{c}{u}={v}"),
+        ("spaced", f"{c}{u} + {w} = {v}"),
+    ]
+    misses = [
+        ("right_side", str(v)),
+        ("right_side_boxed", f"\\boxed{{{v}}}"),
+        ("value_off", f"{c}{u}+{w}={v + 1}"),
+        ("coefficient_off", f"{c + 1}{u}+{w}={v}"),
+    ]
+    return label, same, misses
+
+
+def _thousands_family(rng: random.Random) -> Family:
+    """A large integer with its thousands grouped by commas (``7,425,000``) is the integer; the
+    same digits as a list (``7, 425, 000``) or one group changed are not."""
+    n = rng.randint(100_000, 999_999_999)
+    grouped = f"{n:,}"
+    label = rng.choice([str(n), f"${n}$"])
+    same = [
+        ("comma", grouped),
+        ("comma_dollar", f"${grouped}$"),
+        ("braced", grouped.replace(",", "{,}")),
+    ]
+    off = n + rng.choice([1, 1000, 1_000_000])
+    misses = [("comma_off", f"{off:,}"), ("list", grouped.replace(",", ", "))]
+    return label, same, misses
+
+
+#: Pairs that contrast stage 11's over-reach (``CONTRAST_FAMILIES``, ``--contrast-examples``):
+#: a terminating decimal against a repeating one's prefix, an equation label against a name for
+#: the value, grouped thousands against a list. Not in any shipped adapter yet.
+CONTRAST_FAMILIES: list[tuple[str, Callable[[random.Random], Family], float]] = [
+    ("terminating_decimal", _terminating_decimal_family, 0.4),
+    ("equation_label", _equation_label_family, 0.35),
+    ("thousands", _thousands_family, 0.25),
 ]
