@@ -78,6 +78,19 @@ def _cfg(tmp_path, data, **kw):
     return build_config(**base)
 
 
+def _record_batches(trainer) -> list:
+    """The batches each step finishes with, in order (``finish_step`` still runs)."""
+    batches: list = []
+    orig = trainer.finish_step
+
+    async def spy(step, batch, *rest):
+        batches.append(batch)
+        await orig(step, batch, *rest)
+
+    trainer.finish_step = spy
+    return batches
+
+
 async def _trainer(
     cfg,
     model_path,
@@ -152,14 +165,7 @@ async def test_judge_errors_masked_and_out_of_the_baseline(
         test_engine_factory,
         reward=ScriptedReward(fail_every=3),
     )
-    batches = []
-    orig = trainer.finish_step
-
-    async def spy(step, batch, *rest):
-        batches.append(batch)
-        await orig(step, batch, *rest)
-
-    trainer.finish_step = spy
+    batches = _record_batches(trainer)
     await trainer.run()
     (batch,) = batches
     failed = [s for s in batch if s.status == "judge_error"]
@@ -360,14 +366,7 @@ async def test_cut_off_responses_stay_out_of_a_step_that_trains(
     trainer, engine, _ = await _trainer(
         cfg, tiny_model_path, char_tokenizer, test_engine_factory, reward=LengthReward()
     )
-    batches = []
-    orig = trainer.finish_step
-
-    async def spy(step, batch, *rest):
-        batches.append(batch)
-        await orig(step, batch, *rest)
-
-    trainer.finish_step = spy
+    batches = _record_batches(trainer)
     history = await trainer.run()
     (batch,) = batches
     cut = [s for s in batch if s.cut_off]

@@ -143,6 +143,12 @@ CUT_OFF_RULE = (
 )
 
 
+def cut_off_advice(batch: Sequence[Sample]) -> str:
+    """What to do, after the reason of an untrained step, when cut-off responses were left out
+    (empty when none were: a longer limit would not help)."""
+    return f"; {CUT_OFF_RULE}" if any(s.left_out == "cut_off" for s in batch) else ""
+
+
 def untrained_reason(batch: Sequence[Sample], max_response_len: int) -> str | None:
     """Why no sample of ``batch`` is in the loss, in one line; None when some sample is."""
     why = Counter(s.left_out for s in batch)
@@ -300,7 +306,7 @@ class GRPOTrainer:
                     self._untrained_steps,
                     self.cfg.max_untrained_steps,
                     untrained,
-                    f"; {CUT_OFF_RULE}" if any(s.left_out == "cut_off" for s in batch) else "",
+                    cut_off_advice(batch),
                 )
             await self.finish_step(step, batch, adv, errors, train_metrics, times, untrained)
             if untrained is not None and self._untrained_steps >= self.cfg.max_untrained_steps:
@@ -342,10 +348,7 @@ class GRPOTrainer:
                 f"steps {step - n + 1}-{step}: no sample was in the loss, {n} steps in a row "
                 f"(--max-untrained-steps {limit}); step {step}: "
             )
-        text += reason
-        if any(s.left_out == "cut_off" for s in batch):
-            text += f"; {CUT_OFF_RULE}"
-        return text
+        return text + reason + cut_off_advice(batch)
 
     @property
     def stopping(self) -> bool:
