@@ -169,6 +169,12 @@ def raw_rows(
         outs = eng.generate(input_ids=prompts, sampling_params=sp, **top2)
         times.append(time.perf_counter() - t0)
         tokens[200 + rep] = [_token_and_margin(o) for o in outs]
+    if PROFILE is not None and not policy:
+        where = PROFILE / "raw"
+        eng.start_profile(output_dir=str(where), activities=["GPU"])
+        eng.generate(input_ids=fresh(args, vocab, 700), sampling_params=sp, **top2)
+        eng.stop_profile()
+        kernel_summary(where, "raw SGLang, the batch together")
     wall = sorted(times)[len(times) // 2]
     name = "raw sglang.Engine, the batch together (fresh groups)"
     if policy:
@@ -176,6 +182,55 @@ def raw_rows(
     row(name, n, wall, RESULTS["plain_s"])
     eng.shutdown()
     return tokens
+
+
+#: ``--profile``: the folder SGLang's torch profiler writes its traces to (one batch each of raw
+#: SGLang and ours, GPU activity), summarised by kernel after each
+PROFILE: Path | None = None
+
+
+def kernel_summary(folder: Path, label: str, top: int = 12) -> None:
+    """The GPU kernels of the traces in ``folder`` (SGLang's profiler: chrome traces), by total
+    time, and by kind (matrix multiplies, attention, the rest): where a batch's GPU time went."""
+    import gzip
+    from collections import Counter
+
+    by_name: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    for trace in sorted(folder.rglob("*.json*")):
+        opener = gzip.open if trace.suffix == ".gz" else open
+        with opener(trace, "rt") as f:
+            events = json.load(f).get("traceEvents", [])
+        for e in events:
+            if e.get("cat") == "kernel":
+                by_name[e["name"][:90]] += float(e.get("dur", 0.0)) / 1e3
+                calls[e["name"][:90]] += 1
+
+    def kind(name: str) -> str:
+        low = name.lower()
+        if any(k in low for k in ("gemm", "nvjet", "xmma", "cutlass", "matmul")):
+            return "matrix multiply"
+        if any(k in low for k in ("attention", "attn", "fwd_kernel", "flash", "prefill")):
+            return "attention"
+        return "other"
+
+    kinds: Counter[str] = Counter()
+    for name, ms in by_name.items():
+        kinds[kind(name)] += ms
+    total = sum(by_name.values())
+    RESULTS.setdefault("profiles", {})[label] = {
+        "kernel_ms": total,
+        "by_kind_ms": dict(kinds),
+        "top": [(n, ms, calls[n]) for n, ms in by_name.most_common(top)],
+    }
+    if OUT is not None:
+        OUT.write_text(json.dumps(RESULTS, default=str))
+    print(
+        f"\nkernels of one batch, {label}: {total:.1f} ms in all; "
+        + ", ".join(f"{k} {ms:.1f} ms" for k, ms in kinds.most_common())
+    )
+    for name, ms in by_name.most_common(top):
+        print(f"  {ms:8.2f} ms  {calls[name]:5d} x  {name}")
 
 
 def _token_and_margin(out: dict[str, Any]) -> tuple[int, float]:
@@ -267,6 +322,15 @@ async def ours_rows(
     try:
         await engine.generate(hf_engine._requests(fresh(args, vocab, 100), max_response_len=1))
         await batch_row(engine, worker, args, vocab, raw, 200, "in one wave (default)")
+        if PROFILE is not None:
+            assert engine._thread is not None
+            where = PROFILE / "ours"
+            start = engine.sgl.start_profile
+            await engine._thread.call(lambda: start(output_dir=str(where), activities=["GPU"]))
+            reqs = hf_engine._requests(fresh(args, vocab, 800), max_response_len=1)
+            await worker.generate_many(reqs)
+            await engine._thread.call(engine.sgl.stop_profile)
+            kernel_summary(where, "our SGLang engine, the batch at once (default)")
         # the same, each request its own SGLang call (the default until 2026-12-05)
         together = sglang_mod.SUBMIT_TOGETHER
         sglang_mod.SUBMIT_TOGETHER = False
@@ -408,9 +472,16 @@ def main() -> None:
     ap.add_argument(
         "--no-lpm", action="store_true", help="skip raw SGLang with schedule_policy lpm"
     )
+    ap.add_argument(
+        "--profile", default=None, help="folder: profile one batch of raw SGLang and of ours"
+    )
+    ap.add_argument(
+        "--sglang-only", action="store_true", help="skip the plain and hf rows (weights only)"
+    )
     args = ap.parse_args()
-    global OUT
+    global OUT, PROFILE
     OUT = Path(args.out) if args.out else None
+    PROFILE = Path(args.profile) if args.profile else None
     extra = json.loads(args.server_args)
     if not args.no_service:
         # Ray before SGLang: an SGLang install that stubs IPython (the GPU machine's trimmed
@@ -429,16 +500,18 @@ def main() -> None:
     print(f"judge: {args.shape}, {args.groups} x {args.group_size}, {args.shared} + {args.private}")
     print("| path | judgments/s | ms per batch | vs plain |\n|---|---|---|---|")
     prompts = fresh(args, vocab, 200)
-    plain_s, _cpu, _ = hf_engine._timed(hf_engine._plain_forward(model, prompts), args.repeats)
-    RESULTS["plain_s"] = plain_s
-    row("plain transformers, one batched forward", n, plain_s, None)
-    reqs = hf_engine._requests(prompts, temperature=0.0, max_response_len=1)
+    RESULTS["plain_s"] = plain_s = None
+    if not args.sglang_only:
+        plain_s, _cpu, _ = hf_engine._timed(hf_engine._plain_forward(model, prompts), args.repeats)
+        RESULTS["plain_s"] = plain_s
+        row("plain transformers, one batched forward", n, plain_s, None)
+        reqs = hf_engine._requests(prompts, temperature=0.0, max_response_len=1)
 
-    def run_hf(e: Any = engine) -> Any:
-        return asyncio.run(e.generate(reqs))
+        def run_hf(e: Any = engine) -> Any:
+            return asyncio.run(e.generate(reqs))
 
-    hf_s, _cpu, _ = hf_engine._timed(run_hf, args.repeats)
-    row("our hf engine (packed group prefixes, compiled)", n, hf_s, plain_s)
+        hf_s, _cpu, _ = hf_engine._timed(run_hf, args.repeats)
+        row("our hf engine (packed group prefixes, compiled)", n, hf_s, plain_s)
     folder = Path(engine.spec.model_path)
     with hf_engine._eager(model):
         model.save_pretrained(str(folder))
