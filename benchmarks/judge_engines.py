@@ -10,9 +10,8 @@ GPU and saved once, so that SGLang loads exactly the weights the transformers ro
 3. raw ``sglang.Engine``, the batch's prompts sent together, radix cache on (fresh groups);
 4. our SGLang engine, the whole batch at once (defer mode, ``generate_batch``): each group's
    shared run computed first, its members sent when it finished (the engine's default: every
-   warm-up in one wave, one SGLang call for the wave's warm-ups and one for its members); then
-   the same with one SGLang call a request (``SUBMIT_TOGETHER`` off), then with the warm-ups in
-   waves of ``WAVES_COMPARED`` tokens (fresh prompts each);
+   warm-up in one wave); then the same with the warm-ups in waves of ``WAVES_COMPARED`` tokens
+   (fresh prompts);
 5. our SGLang engine through its worker, the samples arriving spread over ``--spread-ms`` (inline
    scoring as rollouts finish): what SGLang's radix cache gives without the batch-level warm-up;
 6. the compute bound on unique tokens at ``--tflops``;
@@ -293,10 +292,8 @@ async def batch_row(
             "greedy_differs_beyond_a_tie": beyond_tie,
         }
     tokens = sglang_mod.PREFIX_WARM_WAVE_TOKENS
-    calls = "one call per wave" if sglang_mod.SUBMIT_TOGETHER else "one call a request"
     row(
-        f"our SGLang engine, the batch at once, warm-ups {tag} (PREFIX_WARM_WAVE_TOKENS="
-        f"{tokens}), {calls}",
+        f"our SGLang engine, the batch at once, warm-ups {tag} (PREFIX_WARM_WAVE_TOKENS={tokens})",
         n,
         sorted(times)[len(times) // 2],
         RESULTS["plain_s"],
@@ -331,13 +328,6 @@ async def ours_rows(
             await worker.generate_many(reqs)
             await engine._thread.call(engine.sgl.stop_profile)
             kernel_summary(where, "our SGLang engine, the batch at once (default)")
-        # the same, each request its own SGLang call (the default until 2026-12-05)
-        together = sglang_mod.SUBMIT_TOGETHER
-        sglang_mod.SUBMIT_TOGETHER = False
-        try:
-            await batch_row(engine, worker, args, vocab, None, 600, "in one wave")
-        finally:
-            sglang_mod.SUBMIT_TOGETHER = together
         # the same with the warm-ups in waves (fresh prompts: no help from the row above)
         wave = sglang_mod.PREFIX_WARM_WAVE_TOKENS
         sglang_mod.PREFIX_WARM_WAVE_TOKENS = WAVES_COMPARED

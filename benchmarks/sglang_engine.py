@@ -201,12 +201,11 @@ async def via_rl_core(
     return {"calls": calls, "tok_s": calls[-1]["tok_s"]}
 
 
-async def ours(
-    model: Path, extra: dict[str, Any], weight_sync_too: bool = True, rl_core_too: bool = True
-) -> dict[str, Any]:
+async def ours(model: Path, extra: dict[str, Any], weight_sync_too: bool = True) -> dict[str, Any]:
     from genrm_serve.engines import sglang as sglang_mod
     from genrm_serve.engines.sglang import SGLangEngine
     from genrm_serve.engines.worker import EngineWorker
+    from rl_core.rollout import RolloutSettings
 
     s = spec(model, extra)
     engine = SGLangEngine(s, "rollout/0")
@@ -222,32 +221,13 @@ async def ours(
         dt = time.perf_counter() - t0
         return dt, sum(o.completion_tokens for group in outs for o in group)
 
-    async def worker_row(seeds: tuple[int, int]) -> dict[str, Any]:
-        calls = []
-        for seed in seeds:
-            dt, tokens = await via_worker(seed)
-            calls.append({"s": dt, "tokens": tokens, "tok_s": tokens / dt})
-        return {"calls": calls, "tok_s": calls[-1]["tok_s"]}
-
-    out["worker"] = await worker_row((1, 2))
-    # the same, each request its own SGLang call (the default until 2026-12-05): a group's 8
-    # samples reach SGLang's scheduler as 8 messages, not one
-    together = sglang_mod.SUBMIT_TOGETHER
-    sglang_mod.SUBMIT_TOGETHER = False
-    try:
-        out["worker_alone"] = await worker_row((10, 11))
-    finally:
-        sglang_mod.SUBMIT_TOGETHER = together
-    record(out)
-    if not rl_core_too:
-        out["worker_warm"] = await worker_row((8, 9))
-        record(out)
-        await worker.shutdown()
-        return out
+    calls = []
+    for seed in (1, 2):
+        dt, tokens = await via_worker(seed)
+        calls.append({"s": dt, "tokens": tokens, "tok_s": tokens / dt})
+    out["worker"] = {"calls": calls, "tok_s": calls[-1]["tok_s"]}
 
     tokenizer = engine.prompts.tokenizer if engine.prompts is not None else None
-    from rl_core.rollout import RolloutSettings
-
     settings = RolloutSettings(n_samples_per_prompt=GROUP, max_response_len=NEW)
     out["rl_core_rollout"] = await via_rl_core(engine, tokenizer, settings, (3, 4))
     record(out)
@@ -262,7 +242,11 @@ async def ours(
     out["rl_core_rollout_warmed"]["prefix_warmups"] = engine.counters["prefix_warmups"]
     # the worker again, now on an engine as warm as the rl-core rows found it: its first
     # figure comes from the engine's second call, and it moved 0.88-0.96x over three sessions
-    out["worker_warm"] = await worker_row((8, 9))
+    calls = []
+    for seed in (8, 9):
+        dt, tokens = await via_worker(seed)
+        calls.append({"s": dt, "tokens": tokens, "tok_s": tokens / dt})
+    out["worker_warm"] = {"calls": calls, "tok_s": calls[-1]["tok_s"]}
     record(out)
     if not weight_sync_too:
         await worker.shutdown()
@@ -363,22 +347,17 @@ def main() -> None:
     ap.add_argument("--server-args", default="{}", help="JSON: SGLang server args for both")
     ap.add_argument("--out", default=None, help="write the JSON here too (after each stage)")
     ap.add_argument("--no-weight-sync", action="store_true", help="the rollout rows only")
-    ap.add_argument(
-        "--no-rl-core", action="store_true", help="the worker rows only (no rl-core, no Ray)"
-    )
     args = ap.parse_args()
     OUT_FILE = Path(args.out) if args.out else None
     extra = json.loads(args.server_args)
-    if not args.no_rl_core:
-        # Ray before SGLang: an SGLang install that stubs IPython (the GPU machine's trimmed
-        # one) leaves a module Ray's logging then takes for a notebook (get_ipython)
-        import ray  # noqa: F401
+    # Ray before SGLang: an SGLang install that stubs IPython (the GPU machine's trimmed one)
+    # leaves a module Ray's logging then takes for a notebook (ImportError: get_ipython)
+    import ray  # noqa: F401
 
     model = write_model(Path(tempfile.mkdtemp(prefix="q06b_")))
     RESULTS["raw"] = raw_rollout(model, extra)
     record()
-    weight_sync_too = not (args.no_weight_sync or args.no_rl_core)
-    asyncio.run(ours(model, extra, weight_sync_too, rl_core_too=not args.no_rl_core))
+    asyncio.run(ours(model, extra, weight_sync_too=not args.no_weight_sync))
     raw = RESULTS["raw"]["tok_s"]
     plain = RESULTS["raw"]["tok_s_no_logprobs"]
     print("| path | tokens/s (second call) | vs raw |\n|---|---|---|")
@@ -386,13 +365,10 @@ def main() -> None:
     print(f"| raw sgl.Engine.generate, with log-probs (our workload) | {raw:,.0f} | 1.00x |")
     for key, label in (
         ("worker", "ours, engine worker"),
-        ("worker_alone", "ours, engine worker, one SGLang call a request"),
-        ("worker_warm", "ours, engine worker, again after the rows above"),
+        ("worker_warm", "ours, engine worker, again after the rl-core rows"),
         ("rl_core_rollout", "ours, rl-core"),
         ("rl_core_rollout_warmed", "ours, rl-core, each group's prompt computed ahead"),
     ):
-        if key not in RESULTS["ours"]:
-            continue
         tok_s = RESULTS["ours"][key]["tok_s"]
         print(f"| {label} | {tok_s:,.0f} | {tok_s / raw:.2f}x |")
     ws = RESULTS["ours"].get("weight_sync")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 
 from genrm_serve.ray_env import apply_ray_env_defaults
 
@@ -439,8 +439,6 @@ class FakeSGLangEngine:
         self.holds: list[tuple[list[int], asyncio.Event]] = []
         self.refuse: list[list[int]] = []
         self.events: list[tuple[str, list[int]]] = []
-        #: the number of prompts of each async_generate call, in order
-        self.call_sizes: list[int] = []
         self.hang = False
         self.dead = False
         # SGLang: the scheduler is a child process (multiprocessing, spawn).
@@ -500,57 +498,25 @@ class FakeSGLangEngine:
     async def async_generate(
         self,
         prompt: object = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        input_ids: list[int] | None = None,
         return_logprob: bool = False,
         token_ids_logprob: list[int] | None = None,
         top_logprobs_num: int | None = None,
         **_: object,
-    ) -> dict[str, Any] | list[dict[str, Any]]:
+    ) -> dict[str, Any]:
         import asyncio
+        import random
+
+        from genrm_serve.engines.prefix_tree import common_prefix_len
 
         self.calls.append("async_generate")
-        if input_ids is None:
-            raise TypeError("FakeSGLangEngine: only input_ids prompts are faked")
+        if input_ids is None or (input_ids and not isinstance(input_ids[0], int)):
+            raise TypeError("FakeSGLangEngine: only single input_ids prompts are faked")
         if self.dead:
             raise RuntimeError("FakeSGLangEngine: the scheduler is dead")
-        asked = (return_logprob, token_ids_logprob, top_logprobs_num)
-        batch = bool(input_ids) and isinstance(input_ids[0], list)
-        prompts: list[list[int]] = (
-            [list(x) for x in cast("list[list[int]]", input_ids)]
-            if batch
-            else [list(cast("list[int]", input_ids))]
-        )
-        # SGLang: io_struct.py GenerateReqInput.normalize_batch_and_arguments -- a batch's
-        # sampling_params are a list (one each) or one dict for all; a flat token_ids_logprob
-        # is asked for every prompt.
-        each = [
-            dict(sampling_params[k] if isinstance(sampling_params, list) else sampling_params or {})
-            for k in range(len(prompts))
-        ]
-        self.call_sizes.append(len(prompts))
-        if not batch:
-            self.events.append(("arrive", prompts[0]))
-            self._validate(prompts[0], each[0])
-            return await self._generate_one(prompts[0], each[0], *asked)
-        # SGLang: tokenizer_manager.py _handle_batch_request -- every prompt of a call is
-        # validated before any is sent (one refused: the whole call raises), the call goes to
-        # the scheduler as one message (_send_batch_request), and the answers come back
-        # together (_collect_batch_responses: one failing cancels the rest, and raises).
-        for ids, params in zip(prompts, each, strict=True):
-            self._validate(ids, params)
-        self.events.extend(("arrive", ids) for ids in prompts)
-        tasks = [
-            asyncio.ensure_future(self._generate_one(ids, params, *asked))
-            for ids, params in zip(prompts, each, strict=True)
-        ]
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for task in tasks:
-                task.cancel()
-
-    def _validate(self, input_ids: list[int], p: dict[str, Any]) -> None:
+        p = dict(sampling_params or {})
+        self.events.append(("arrive", list(input_ids)))
         if list(input_ids) in self.refuse:  # a test's stand-in for any refused request
             raise ValueError(f"FakeSGLangEngine: refused prompt of {len(input_ids)} tokens")
         # SGLang: tokenizer_manager.py _validate_one_request.
@@ -579,23 +545,6 @@ class FakeSGLangEngine:
             raise ValueError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
         if "sampling_seed" in p and p["sampling_seed"] is not None and "seed" in p:
             raise ValueError("unknown sampling parameter")
-
-    async def _generate_one(
-        self,
-        input_ids: list[int],
-        p: dict[str, Any],
-        return_logprob: bool,
-        token_ids_logprob: list[int] | None,
-        top_logprobs_num: int | None,
-    ) -> dict[str, Any]:
-        import asyncio
-        import random
-
-        from genrm_serve.engines.prefix_tree import common_prefix_len
-
-        n_in = len(input_ids)
-        max_new = p.get("max_new_tokens", 128)
-        greedy = 0 <= p.get("temperature", 1.0) < 1e-6
         # SGLang: mem_cache/radix_cache.py -- a prompt reuses the KV of finished requests only:
         # requests that arrive together are prefilled side by side, none cached for the others.
         cached = max((common_prefix_len(list(input_ids), r) for r in self.radix), default=0)

@@ -167,17 +167,10 @@ PREFIX_WARM_WAVE_TOKENS: int | None = None
 #: their whole prompt too, but their decode dwarfs it, and a warm-up holds every member's first
 #: token back by a round trip. ``None``: warm up whatever the request generates.
 PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN: float | None = 1.0
-#: The requests of a batch that go out together go as one ``async_generate`` call (a list of
-#: prompts): SGLang's tokenizer manager sends such a call to its scheduler as one message
-#: (``tokenizer_manager.py``: ``_send_batch_request``), so the scheduler prefills them side by
-#: side from its first step. One call a request reaches the scheduler a few at a time, the first
-#: ones in a small prefill of their own, and each call is its own pass through the tokenizer
-#: manager, on the event loop of this process. ``False``: one call a request.
-SUBMIT_TOGETHER = True
 
 
 #: The longest a request waits for the request of its group that is computing their shared run
-#: (:meth:`SGLangEngine._follow`). A judge's prompt of a few hundred tokens is
+#: (:meth:`SGLangEngine._submit_or_follow`). A judge's prompt of a few hundred tokens is
 #: prefilled in tens of ms; a leader still running after this is decoding (a thinking judge),
 #: and SGLang has its prompt in the radix cache by then (0.5.17 caches a request's prompt once
 #: its prefill is done: ``batch_result_processor.py``, ``maybe_cache_unfinished_req``).
@@ -616,8 +609,7 @@ class SGLangEngine(Engine):
             "prefix_warmups": 0,
             "prefix_warm_tokens": 0,
             "cached_prompt_tokens": 0,
-            "followed": 0,  # requests that waited for their group's run (_follow)
-            "sent_again_alone": 0,  # requests of a call SGLang failed as a whole (_together)
+            "followed": 0,  # requests that waited for their group's run (_submit_or_follow)
         }
         #: proves after each wake that the weights survived the sleep (``wake_check.py``)
         self.wake_check = WakeCheck(self, self.counters)
@@ -632,7 +624,7 @@ class SGLangEngine(Engine):
         self._stderr_tail: OutputTail | None = None
         self._pending: set[concurrent.futures.Future[Any]] = set()
         #: per ``prefix_key``, the prompt and future of the request computing the group's run now
-        #: (:meth:`_follow`)
+        #: (:meth:`_submit_or_follow`)
         self._leaders: dict[str, tuple[list[int], asyncio.Future[Any]]] = {}
         self._last_output = 0.0
         self._control: asyncio.Lock | None = None
@@ -827,198 +819,99 @@ class SGLangEngine(Engine):
         params = sglang_sampling_params(request.sampling, max_new, deterministic=deterministic)
         return _Prepared(ids, params, verdict)
 
-    def _call(self, sgl: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """One ``async_generate`` on SGLang's loop, awaitable from ours; cancelling it cancels
-        the call there."""
+    def _submit(self, sgl: Any, prep: _Prepared, return_tokens: bool) -> asyncio.Future[Any]:
         assert self._thread is not None
-        fut = self._thread.submit(sgl.async_generate(**kwargs))
+        extra: dict[str, Any] = {}
+        if prep.verdict is not None:  # both digits' log-probs at the first reply token
+            extra["token_ids_logprob"] = list(prep.verdict)
+        fut = self._thread.submit(
+            sgl.async_generate(
+                input_ids=prep.ids,
+                sampling_params=prep.params,
+                return_logprob=return_tokens or prep.verdict is not None,
+                **extra,
+            )
+        )
         self._pending.add(fut)
         fut.add_done_callback(self._pending.discard)
         return asyncio.wrap_future(fut)
 
-    @staticmethod
-    def _logprob_args(prep: _Prepared, return_tokens: bool) -> dict[str, Any]:
-        args: dict[str, Any] = {"return_logprob": return_tokens or prep.verdict is not None}
-        if prep.verdict is not None:  # both digits' log-probs at the first reply token
-            args["token_ids_logprob"] = list(prep.verdict)
-        return args
-
-    def _submit(self, sgl: Any, prep: _Prepared, return_tokens: bool) -> asyncio.Future[Any]:
-        return self._call(
-            sgl,
-            input_ids=prep.ids,
-            sampling_params=prep.params,
-            **self._logprob_args(prep, return_tokens),
-        )
-
-    def _answers(
-        self, sgl: Any, preps: list[_Prepared], return_tokens: list[bool]
-    ) -> asyncio.Future[list[Any]]:
-        """``preps`` sent now and answered in order, each an output or its own error: one SGLang
-        call for those that ask the same log-probs (:data:`SUBMIT_TOGETHER`), else one each."""
-        return asyncio.ensure_future(self._answer(sgl, preps, return_tokens))
-
-    async def _answer(
-        self, sgl: Any, preps: list[_Prepared], return_tokens: list[bool]
-    ) -> list[Any]:
-        parts: dict[Any, list[int]] = {}
-        for k, (prep, tokens) in enumerate(zip(preps, return_tokens, strict=True)):
-            kind = (tokens or prep.verdict is not None, prep.verdict) if SUBMIT_TOGETHER else k
-            parts.setdefault(kind, []).append(k)
-        got = await asyncio.gather(
-            *(
-                self._together(sgl, [preps[k] for k in ks], [return_tokens[k] for k in ks])
-                for ks in parts.values()
-            )
-        )
-        answers: list[Any] = [None] * len(preps)
-        for ks, outs in zip(parts.values(), got, strict=True):
-            for k, out in zip(ks, outs, strict=True):
-                answers[k] = out
-        return answers
-
-    async def _together(
-        self, sgl: Any, preps: list[_Prepared], return_tokens: list[bool]
-    ) -> list[Any]:
-        """One call for ``preps``, which ask the same log-probs. SGLang fails a whole call for
-        one prompt it refuses (``tokenizer_manager.py``: ``_handle_batch_request`` validates
-        each before sending any, ``_collect_batch_responses`` cancels the rest when one raises),
-        so then each is sent again alone, and the error stays with its request."""
-        if len(preps) == 1:
-            try:
-                return [await self._submit(sgl, preps[0], return_tokens[0])]
-            except Exception as err:
-                return [err]
-        try:
-            outs = await self._call(
-                sgl,
-                input_ids=[p.ids for p in preps],
-                sampling_params=[p.params for p in preps],
-                **self._logprob_args(preps[0], return_tokens[0]),
-            )
-            return list(outs)
-        except Exception:
-            self.counters["sent_again_alone"] += len(preps)
-            alone = (self._submit(sgl, p, t) for p, t in zip(preps, return_tokens, strict=True))
-            return list(await asyncio.gather(*alone, return_exceptions=True))
-
-    async def _warm_wave(self, warmups: list[asyncio.Future[list[Any]]]) -> None:
+    async def _warm_wave(self, warmups: list[asyncio.Future[Any]]) -> None:
         """Wait until every warm-up of one wave has finished, failed or not: an optimisation
         only, a failed warm-up leaves its members to compute the run themselves."""
         if warmups:
             await asyncio.wait(warmups)
         self.counters["prefix_warmups"] += sum(
-            not isinstance(out, BaseException)
-            for w in warmups
-            if not w.cancelled() and w.exception() is None
-            for out in w.result()
+            not w.cancelled() and w.exception() is None for w in warmups
         )
 
     async def _after_warm_up(
         self,
         sgl: Any,
         warmup: asyncio.Future[Any],
-        preps: list[_Prepared],
-        return_tokens: list[bool],
+        prep: _Prepared,
+        return_tokens: bool,
         wait_s: float | None = None,
-    ) -> list[Any]:
-        """Send ``preps`` once ``warmup`` has finished (whatever its outcome), or after
-        ``wait_s``; ``asyncio.wait`` so that cancelling these leaves the warm-up to others."""
+    ) -> Any:
+        """Submit a member of a group once its group's warm-up has finished (whatever its
+        outcome), or after ``wait_s``; ``asyncio.wait`` so that cancelling one member leaves the
+        warm-up to the others."""
         await asyncio.wait([warmup], timeout=wait_s)
-        return await self._answers(sgl, preps, return_tokens)
+        return await self._submit(sgl, prep, return_tokens)
 
     async def _submit_all(
         self,
         sgl: Any,
         prepared: dict[int, _Prepared],
         requests: list[EngineRequest],
-        answers: list[tuple[list[int], asyncio.Future[list[Any]]]],
+        waits: dict[int, asyncio.Future[Any]],
         warmups: list[asyncio.Future[Any]],
     ) -> None:
-        """Submit the batch into ``answers`` (requests' indices, the future of their outputs),
-        the runs its prompts share computed first, pipelined.
+        """Submit the batch into ``waits`` (one future a request), the runs its prompts share
+        computed first, pipelined.
 
         Why warm up: SGLang prefills requests that arrive together side by side, none of them
         in its radix cache yet, so a GRPO group's judge prompts sent together would each
         recompute the group's question and reference; a run enters the radix cache when its
         request finishes. So each shared run (:func:`shared_prefixes`) is sent alone first, one
-        new token, and its members (:func:`run_of_each`) go out once it has finished;
-        :data:`PREFIX_WARM_WAVE_TOKENS` can split the warm-ups into waves. A prompt that starts
-        with no shared run, or that is not :func:`prefill_bound`, is submitted at once (or
-        follows its group's run in flight: :meth:`_follow`).
-
-        With :data:`SUBMIT_TOGETHER`, each of those sets is one SGLang call: the prompts sent
-        at once, each wave's warm-ups, then that wave's members. Without it, one call a
-        request, and a group's members go out when *its* warm-up finished. ``warmups``
-        collects the warm-ups in flight, for the caller to cancel."""
+        new token, and its members (:func:`run_of_each`) go out as soon as *that* warm-up has
+        finished (not after every group's); :data:`PREFIX_WARM_WAVE_TOKENS` can split the
+        warm-ups into waves. A prompt that starts with no shared run, or that is not
+        :func:`prefill_bound`, is submitted at once. ``warmups`` collects
+        the warm-ups in flight, for the caller to cancel."""
         bound = [i for i, p in prepared.items() if prefill_bound(p)]
         prompts = [prepared[i].ids for i in bound]
         runs = shared_prefixes(prompts, PREFIX_WARM_MIN_TOKENS)
         owner = dict(zip(bound, run_of_each(prompts, runs), strict=True))
         members: dict[int, list[int]] = {}
-        now: list[int] = []
         for i in prepared:  # in the batch's order
             r = owner.get(i)
             if r is not None:
                 members.setdefault(r, []).append(i)
-                continue
-            follower = self._follow(sgl, prepared[i], requests[i])
-            if follower is None:
-                now.append(i)
             else:
-                answers.append(([i], follower))
-        if now:
-            sent = self._send(sgl, now, prepared, requests)
-            answers.append((now, sent))
-            for i in now:
-                if len(prepared[i].ids) >= PREFIX_WARM_MIN_TOKENS:
-                    self._lead(requests[i].prefix_key, prepared[i].ids, sent)
+                waits[i] = self._submit_or_follow(sgl, prepared[i], requests[i])
         params = {"max_new_tokens": 1, "temperature": 0.0}
         for wave in warm_waves(runs, PREFIX_WARM_WAVE_TOKENS):
-            heads = [_Prepared(runs[r], params, None) for r in wave]
-            if SUBMIT_TOGETHER:
-                calls = [self._answers(sgl, heads, [False] * len(heads))]
-                warm_of = dict.fromkeys(wave, calls[0])
-            else:
-                calls = [self._answers(sgl, [head], [False]) for head in heads]
-                warm_of = dict(zip(wave, calls, strict=True))
-            warmups.extend(calls)
+            sent = [self._submit(sgl, _Prepared(runs[r], params, None), False) for r in wave]
+            warmups.extend(sent)
             self.counters["prefix_warm_tokens"] += sum(len(runs[r]) for r in wave)
-            for r in wave:
+            for r, warmup in zip(wave, sent, strict=True):
                 # a later sample of this group, in another batch, follows the warm-up too
                 for key in {requests[i].prefix_key for i in members.get(r, [])}:
-                    self._lead(key, runs[r], warm_of[r])
-                if not SUBMIT_TOGETHER and members.get(r):
-                    idx = members[r]
-                    waiting = self._after_warm_up(
-                        sgl,
-                        warm_of[r],
-                        [prepared[i] for i in idx],
-                        [requests[i].return_tokens for i in idx],
+                    self._lead(key, runs[r], warmup)
+                for i in members.get(r, []):
+                    chained = self._after_warm_up(
+                        sgl, warmup, prepared[i], requests[i].return_tokens
                     )
-                    answers.append((idx, asyncio.ensure_future(waiting)))
-            await self._warm_wave(calls)
-            if SUBMIT_TOGETHER:
-                idx = [i for r in wave for i in members.get(r, [])]
-                answers.append((idx, self._send(sgl, idx, prepared, requests)))
+                    waits[i] = asyncio.ensure_future(chained)
+            await self._warm_wave(sent)
 
-    def _send(
-        self,
-        sgl: Any,
-        idx: list[int],
-        prepared: dict[int, _Prepared],
-        requests: list[EngineRequest],
-    ) -> asyncio.Future[list[Any]]:
-        return self._answers(
-            sgl, [prepared[i] for i in idx], [requests[i].return_tokens for i in idx]
-        )
-
-    def _follow(
+    def _submit_or_follow(
         self, sgl: Any, prep: _Prepared, request: EngineRequest
-    ) -> asyncio.Future[list[Any]] | None:
-        """A request that shares no run with its batch follows the request of its group (the
-        same ``prefix_key``) that is computing their shared run right now, as a batch's members
-        follow their warm-up; ``None``: there is none, send it now.
+    ) -> asyncio.Future[Any]:
+        """Submit a request that shares no run with its batch, unless a request of its group
+        (the same ``prefix_key``) is computing their shared run right now: then it follows that
+        one, as a batch's members follow their warm-up.
 
         Why: samples of a GRPO group reach a judge one by one as their rollouts finish (inline
         scoring), each a batch of one. A run enters SGLang's radix cache only once the request
@@ -1029,12 +922,15 @@ class SGLangEngine(Engine):
         key = request.prefix_key
         leader = self._leaders.get(key) if key is not None else None
         shared = common_prefix_len(leader[0], prep.ids) if leader is not None else 0
-        if leader is None or leader[1].done() or shared < PREFIX_WARM_MIN_TOKENS:
-            return None
-        self.counters["followed"] += 1
-        tokens = [request.return_tokens]
-        waiting = self._after_warm_up(sgl, leader[1], [prep], tokens, FOLLOW_WAIT_S)
-        return asyncio.ensure_future(waiting)
+        if leader is not None and not leader[1].done() and shared >= PREFIX_WARM_MIN_TOKENS:
+            self.counters["followed"] += 1
+            return asyncio.ensure_future(
+                self._after_warm_up(sgl, leader[1], prep, request.return_tokens, FOLLOW_WAIT_S)
+            )
+        fut = self._submit(sgl, prep, request.return_tokens)
+        if len(prep.ids) >= PREFIX_WARM_MIN_TOKENS:
+            self._lead(key, prep.ids, fut)
+        return fut
 
     def _lead(self, key: str | None, ids: list[int], fut: asyncio.Future[Any]) -> None:
         """``fut`` computes ``ids``: later requests of group ``key`` follow it until it is done."""
@@ -1049,9 +945,9 @@ class SGLangEngine(Engine):
         fut.add_done_callback(forget)
 
     async def generate(self, requests: list[EngineRequest]) -> list[EngineOutput]:
-        """Errors stay with their request. Runs the batch's prompts share are computed first,
-        group by group (:meth:`_submit_all`). Cancelled, it cancels every request and warm-up
-        it has in flight."""
+        """Each request is its own ``async_generate``; errors stay with their request. Runs
+        the batch's prompts share are computed first, group by group (:meth:`_submit_all`).
+        Cancelled, it cancels every request and warm-up it has in flight."""
         sgl = self._awake("generate")
         results: list[EngineOutput | BaseException] = []
         prepared: dict[int, _Prepared] = {}
@@ -1062,23 +958,22 @@ class SGLangEngine(Engine):
                 results.append(err)
                 continue
             results.append(EngineError("not run"))
-        answers: list[tuple[list[int], asyncio.Future[list[Any]]]] = []
+        waits: dict[int, asyncio.Future[Any]] = {}
         warmups: list[asyncio.Future[Any]] = []
         try:
-            await self._submit_all(sgl, prepared, requests, answers, warmups)
-            done = await asyncio.gather(*(fut for _, fut in answers))
+            await self._submit_all(sgl, prepared, requests, waits, warmups)
+            done = await asyncio.gather(*waits.values(), return_exceptions=True)
         except BaseException:  # cancelled (or failing to submit): nothing of ours stays behind
-            for w in [*(fut for _, fut in answers), *warmups]:
+            for w in [*waits.values(), *warmups]:
                 w.cancel()
             raise
-        for (idx, _), outs in zip(answers, done, strict=True):
-            for i, out in zip(idx, outs, strict=True):
-                request = requests[i]
-                if isinstance(out, BaseException):
-                    results[i] = self._request_error(len(prepared[i].ids), out)
-                else:
-                    results[i] = self._output(request, prepared[i], out)
-                    self._last_output = time.monotonic()
+        for i, out in zip(waits, done, strict=True):
+            request = requests[i]
+            if isinstance(out, BaseException):
+                results[i] = self._request_error(len(prepared[i].ids), out)
+            else:
+                results[i] = self._output(request, prepared[i], out)
+                self._last_output = time.monotonic()
         self.counters["batches"] += 1
         self.counters["requests"] += len(requests)
         failed = [r for r in results if isinstance(r, BaseException)]
