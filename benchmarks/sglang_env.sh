@@ -7,11 +7,16 @@
 # SGL_ARCHIVE: SGLang and its pure-Python dependencies, with transformers 5.12.1 in tf512/
 # (0.5.17 does not import under newer ones); unpacked once into $SGL_DIR (default /tmp/sgl).
 # WHEELS: GenRM's own wheels (`uv build --all-packages --wheel`) and what the host lacks
-# (pydantic-settings, python-dotenv; pytest-asyncio for the tests), installed into $SITE.
+# (pydantic-settings, python-dotenv; pytest-asyncio for the tests), installed into $SITE: the
+# packages must be installed, not on PYTHONPATH from source (they read their own versions).
 SGL_DIR=${SGL_DIR:-/tmp/sgl}
 SITE=${SITE:-/tmp/genrm-site}
 if [ ! -f "$SGL_DIR/.staged" ]; then
     mkdir -p "$SGL_DIR" && tar -xJf "$SGL_ARCHIVE" -C "$SGL_DIR" && touch "$SGL_DIR/.staged"
+fi
+# FI_HEADERS (optional): flashinfer_headers.sh's tar.xz, for attention_backend "flashinfer"
+if [ -n "${FI_HEADERS:-}" ]; then
+    tar -xJf "$FI_HEADERS" -C "$SGL_DIR"
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "$WHEELS"/*.whl
