@@ -26,6 +26,7 @@ from genrm_serve.config import (
     add_genrm_args,
     build_instances,
     instances_from_args,
+    invalid_json,
 )
 from genrm_serve.limits import (
     ENGINE_START_TIMEOUT_S,
@@ -165,9 +166,7 @@ def load_config_file(path: Path) -> dict[str, InstanceSpec]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
-            raise GenRMConfigError(
-                f"--config {path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}"
-            ) from err
+            raise GenRMConfigError(f"--config {path}: {invalid_json(err)}") from err
     if not isinstance(data, dict):
         raise GenRMConfigError(f"--config {path}: must hold a mapping, got {type(data).__name__}")
     unknown = sorted(set(data) - set(_FILE_KEYS))

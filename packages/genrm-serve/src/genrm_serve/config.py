@@ -158,6 +158,11 @@ class InstanceSpec(BaseModel):
         return self.num_gpus // self.num_gpus_per_engine
 
 
+def invalid_json(err: json.JSONDecodeError) -> str:
+    """Where a JSON text went wrong, as every JSON flag and file of GenRM's says it."""
+    return f"invalid JSON at line {err.lineno} column {err.colno} (char {err.pos}): {err.msg}"
+
+
 def parse_json_flag(flag: str, value: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Parse a JSON object flag; errors name the flag and the position of the mistake."""
     if value is None:
@@ -167,10 +172,7 @@ def parse_json_flag(flag: str, value: str | Mapping[str, Any] | None) -> dict[st
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as err:
-        raise GenRMConfigError(
-            f"{flag}: invalid JSON at line {err.lineno} column {err.colno} (char {err.pos}): "
-            f"{err.msg}; value was {value!r}"
-        ) from err
+        raise GenRMConfigError(f"{flag}: {invalid_json(err)}; value was {value!r}") from err
     if not isinstance(parsed, dict):
         raise GenRMConfigError(
             f"{flag}: must be a JSON object, got {type(parsed).__name__}: {value!r}"

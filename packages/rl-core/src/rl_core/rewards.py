@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from genrm_client import GenRMError
+from genrm_rewards.types import BatchRewardFn, RewardFn
 from rl_core.limits import REWARD_TIMEOUT_S
 from rl_core.phases import PhaseMachine
 from rl_core.sample import Sample
 
 logger = logging.getLogger(__name__)
 
-RewardFn = Callable[[Any, Any], Awaitable[Mapping[str, Any]]]
-BatchRewardFn = Callable[[Any, Sequence[Any]], Awaitable[Sequence[Mapping[str, Any]]]]
 PostProcessHook = Callable[["PostProcessContext", list[Sample]], Awaitable[None]]
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from genrm_rewards.types import BatchRewardFn, RewardFn
 from rl_core.backends.base import TrainItem
 from rl_core.checkpoints import LATEST, checkpoint_path, keep_last, step_folder
 from rl_core.config import TrainConfig
@@ -30,11 +31,9 @@ from rl_core.judge_audit import rule_agreement
 from rl_core.metrics import MetricsWriter, PhaseClock
 from rl_core.phases import PhaseMachine
 from rl_core.rewards import (
-    BatchRewardFn,
     InlineRewards,
     PostProcessContext,
     PostProcessHook,
-    RewardFn,
     check_judge_errors,
     check_scored,
     judgeable,

@@ -43,7 +43,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from genrm_serve.config import InstanceSpec
+from genrm_serve.config import InstanceSpec, invalid_json
 from genrm_serve.engines.base import (
     Engine,
     EngineAsleepError,
@@ -96,10 +96,7 @@ def load_script(model_path: str) -> Script:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as err:
-        raise EngineError(
-            f"scripted engine: {where}: invalid JSON at line {err.lineno} column {err.colno}: "
-            f"{err.msg}"
-        ) from None
+        raise EngineError(f"scripted engine: {where}: {invalid_json(err)}") from None
     try:
         return Script.model_validate(raw)
     except ValidationError as err:

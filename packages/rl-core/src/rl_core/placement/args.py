@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, get_args
 
 from genrm_serve import GenRMConfigError, InstanceSpec, add_genrm_args, instances_from_args
+from genrm_serve.config import invalid_json
 from rl_core.placement.errors import PlacementError
 from rl_core.placement.plan import (
     BUILTIN_POST_PROCESS,
@@ -148,8 +149,8 @@ def parse_resource(value: str | Mapping[str, Any] | None) -> dict[str, RoleResou
             raw = json.loads(value)
         except json.JSONDecodeError as err:
             raise PlacementError(
-                f"--resource: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}; "
-                f"value was {value!r}; expected e.g. {_RESOURCE_EXAMPLE}"
+                f"--resource: {invalid_json(err)}; value was {value!r}; "
+                f"expected e.g. {_RESOURCE_EXAMPLE}"
             ) from None
     if not isinstance(raw, dict):
         raise PlacementError(
