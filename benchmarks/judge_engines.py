@@ -25,6 +25,10 @@ Verdict agreement: each SGLang row's greedy token against raw SGLang's on the sa
 
     python3 benchmarks/judge_engines.py --server-args '{"attention_backend": "triton",
         "sampling_backend": "pytorch"}'          # SGLang on PYTHONPATH (sglang_env.sh)
+
+``--profile DIR`` also runs one batch of raw SGLang and one of ours under SGLang's torch profiler
+and prints their GPU kernels by total time and by kind; ``--sglang-only`` skips the plain and hf
+rows (an SGLang setting compared with itself).
 """
 
 from __future__ import annotations
@@ -209,9 +213,10 @@ def kernel_summary(folder: Path, label: str, top: int = 12) -> None:
         low = name.lower()
         if any(k in low for k in ("gemm", "nvjet", "xmma", "cutlass", "matmul")):
             return "matrix multiply"
-        if any(k in low for k in ("attention", "attn", "fwd_kernel", "flash", "prefill")):
-            return "attention"
-        return "other"
+        if "norm" in low:  # flashinfer's RMSNorm kernels are not attention
+            return "other"
+        keys = ("attention", "attn", "_fwd_kernel", "prefillwith", "decodewith", "mergestate")
+        return "attention" if any(k in low for k in keys) else "other"
 
     kinds: Counter[str] = Counter()
     for name, ms in by_name.items():
