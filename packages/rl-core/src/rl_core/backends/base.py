@@ -4,10 +4,15 @@ Kept small on purpose so a Megatron-core backend (GPU) can sit beside the PyTorc
 one (CPU and small GPUs) without the driver knowing which it talks to: per-token log-probs of
 sampled responses (policy and reference), one optimizer step on a global batch, the weights for
 the rollout engines, memory offload / onload for colocated phases, and checkpoints.
+
+The log-probs and the optimizer step are written once, here, as template methods of
+:class:`TrainingBackend`, so both backends check, normalise and report alike; a backend supplies
+only what differs: its forward, how it cuts micro-batches and how its optimizer steps.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -15,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from rl_core.grpo.loss import LossConfig, grpo_loss
 
@@ -74,8 +80,6 @@ def lr_at(cfg: BackendConfig, step: int) -> float:
     frac = min(1.0, (step - cfg.lr_warmup_iters) / (total - cfg.lr_warmup_iters))
     if cfg.lr_decay_style == "linear":
         return cfg.lr - (cfg.lr - cfg.min_lr) * frac
-    import math
-
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
 
 
@@ -106,6 +110,39 @@ def param_groups(
 
 
 Forward = Callable[[list[TrainItem]], tuple[list[torch.Tensor], list[torch.Tensor]]]
+
+#: One chunk's log-probs and entropies: ``(hidden, weight, targets, *args)``.
+ChunkLogprobs = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def chunked_logprobs(
+    chunk: ChunkLogprobs,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *args: Any,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies of ``targets`` ``[N]`` given ``hidden`` ``[N, H]``: ``chunk`` on
+    ``chunk_size`` rows at a time, under activation checkpointing when grad is on.
+
+    Full-vocabulary logits of every response position at once would dwarf the model, so each
+    backend projects a chunk at a time and the backward recomputes it; they differ only in
+    ``chunk`` (the whole vocabulary, or a tensor-parallel slice of it).
+    """
+    outs, ents = [], []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(chunk, h, weight, t, *args, use_reentrant=False)
+        else:
+            lp, ent = chunk(h, weight, t, *args)
+        outs.append(lp)
+        ents.append(ent)
+    if not outs:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(outs), torch.cat(ents)
 
 
 def backward_micro_batches(
@@ -180,16 +217,62 @@ def collect_logprobs(
 
 
 class TrainingBackend(ABC):
-    """A policy being trained (plus, when the KL loss is on, its frozen reference)."""
+    """A policy being trained (plus, when the KL loss is on, its frozen reference).
+
+    :meth:`logprobs` and :meth:`train_step` are templates: a backend implements the forward of a
+    micro-batch (:meth:`_response_logprobs`), how it cuts micro-batches (:meth:`_micro_batches`),
+    which steps it refuses (:meth:`_check_train_step`) and how its optimizer takes the step
+    (:meth:`_set_lr`, :meth:`_zero_grad`, :meth:`_sum_gradients`, :meth:`_clip_gradients`,
+    :meth:`_optimizer_step`).
+    """
 
     #: Optimizer steps taken so far.
     step: int
+    cfg: BackendConfig
+    #: The policy, and its frozen reference (None when none was loaded).
+    model: Any
+    ref_model: Any
+    #: True between :meth:`offload` and :meth:`onload`: no compute until then.
+    offloaded: bool
 
-    @abstractmethod
+    # --- log-probs -------------------------------------------------------------------------------
+
     def logprobs(self, items: list[TrainItem], *, reference: bool = False) -> list[torch.Tensor]:
         """Per-response-token log-probs of each item (no grad), from the policy or the reference."""
+        model = self.ref_model if reference else self.model
+        if model is None:
+            raise RuntimeError("no reference model loaded (the KL loss is off or its coef is 0)")
+        self._check_loaded()
+        model.eval()
+        return collect_logprobs(
+            lambda batch: self._forward(model, batch), items, self._micro_batches(items)
+        )
+
+    def _forward(
+        self, model: Any, items: list[TrainItem]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-item response log-probs and entropies of one micro-batch."""
+        logp, ent = self._response_logprobs(model, items)
+        sizes = [it.response_len for it in items]
+        return list(torch.split(logp, sizes)), list(torch.split(ent, sizes))
 
     @abstractmethod
+    def _response_logprobs(
+        self, model: Any, items: list[TrainItem]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies of every response token of ``items``, one flat tensor each
+        (the items' responses in order)."""
+
+    @abstractmethod
+    def _micro_batches(self, items: list[TrainItem]) -> list[list[int]]:
+        """``items``' indices cut into the micro-batches this backend's forward fits."""
+
+    def _check_loaded(self) -> None:
+        if self.offloaded:
+            raise RuntimeError("training backend is offloaded; call onload() first")
+
+    # --- training --------------------------------------------------------------------------------
+
     def train_step(
         self,
         items: list[TrainItem],
@@ -207,7 +290,75 @@ class TrainingBackend(ABC):
         ``old_logprobs`` None means the batch is on-policy for this very step (one optimizer
         step per rollout): the old log-probs are the current ones, detached, which saves a
         forward pass over the batch.
+
+        Metrics are this rank's share (sums over its tokens divided by ``total_tokens``): the
+        trainer group sums them over data-parallel ranks.
         """
+        self._check_loaded()
+        self._check_train_step(total_tokens)
+        local_tokens = float(sum(it.response_len for it in items if it.in_loss))
+        # the token-mean is over the *global* batch: a data-parallel rank passes its total
+        total_tokens = local_tokens if total_tokens is None else float(total_tokens)
+        lr = lr_at(self.cfg, self.step)
+        self._set_lr(lr)
+        self.model.train()
+        self._zero_grad()
+        sums, n_micro = backward_micro_batches(
+            lambda batch: self._forward(self.model, batch),
+            items,
+            self._micro_batches(items) if local_tokens > 0 else [],
+            self.cfg.loss,
+            total_tokens=total_tokens,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+        )
+        grad_norm = 0.0
+        self._sum_gradients()
+        if total_tokens > 0:  # the same on every rank: all join the gradient reduction
+            grad_norm = self._clip_gradients()
+            if not math.isfinite(grad_norm):
+                self._zero_grad()
+                raise FloatingPointError(f"non-finite gradient norm at step {self.step}")
+            self._optimizer_step()
+        self._zero_grad()
+        self.step += 1
+        self.model.eval()
+        return {
+            **sums,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "train_tokens": local_tokens,
+            "micro_batches": float(n_micro),
+        }
+
+    @abstractmethod
+    def _check_train_step(self, total_tokens: float | None) -> None:
+        """Refuse a step this backend cannot take (``total_tokens`` as the caller passed it),
+        before the step touches anything."""
+
+    @abstractmethod
+    def _set_lr(self, lr: float) -> None:
+        """Set the step's learning rate (``lr_at``, the schedule of every backend)."""
+
+    @abstractmethod
+    def _zero_grad(self) -> None:
+        """Drop the gradients: before the backward, after the step, and on a failed one."""
+
+    @abstractmethod
+    def _sum_gradients(self) -> None:
+        """Sum the gradients over data parallelism where the optimizer does not: on every step,
+        before the clip, a rank without any in-loss token joining with zeros."""
+
+    @abstractmethod
+    def _clip_gradients(self) -> float:
+        """Clip the gradients to ``cfg.clip_grad`` by their global norm; returns the norm before
+        clipping (the step is refused when it is not finite)."""
+
+    @abstractmethod
+    def _optimizer_step(self) -> None:
+        """Apply the clipped gradients."""
+
+    # --- weights, memory, checkpoints -----------------------------------------------------------
 
     @abstractmethod
     def export_weights(self) -> dict[str, torch.Tensor]:

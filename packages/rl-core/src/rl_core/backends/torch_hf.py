@@ -11,21 +11,18 @@ sampled from.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
 from rl_core.backends.base import (
     BackendConfig,
     TrainingBackend,
     TrainItem,
-    backward_micro_batches,
-    collect_logprobs,
+    chunked_logprobs,
     lr_at,
     param_groups,
 )
@@ -82,21 +79,9 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (and entropies) of ``targets`` given ``hidden`` ``[N, H]``, ``chunk_size`` rows
     of full-vocabulary logits at a time (checkpointed when grad is on)."""
-    outs, ents = [], []
-    for start in range(0, hidden.shape[0], chunk_size):
-        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
-        if torch.is_grad_enabled() and h.requires_grad:
-            lp, ent = checkpoint(
-                _chunk_logprobs, h, weight, t, temperature, softcap, use_reentrant=False
-            )
-        else:
-            lp, ent = _chunk_logprobs(h, weight, t, temperature, softcap)
-        outs.append(lp)
-        ents.append(ent)
-    if not outs:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(outs), torch.cat(ents)
+    return chunked_logprobs(
+        _chunk_logprobs, hidden, weight, targets, temperature, softcap, chunk_size=chunk_size
+    )
 
 
 #: Elements per all-reduce bucket (fp32: 256 MB), so large models never need one flat copy.
@@ -186,9 +171,9 @@ class TorchHFBackend(TrainingBackend):
     def _autocast(self) -> Any:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
-    def _forward(
+    def _response_logprobs(
         self, model: Any, items: list[TrainItem]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(it.tokens) for it in items)
         ids = torch.zeros(len(items), longest, dtype=torch.long)
         attn = torch.zeros(len(items), longest, dtype=torch.long)
@@ -207,7 +192,7 @@ class TorchHFBackend(TrainingBackend):
             hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
             sel = hidden[torch.tensor(rows), torch.tensor(cols)]
             weight = model.get_output_embeddings().weight
-            logp, ent = token_logprobs(
+            return token_logprobs(
                 sel,
                 weight,
                 torch.tensor(targets, device=self.device),
@@ -215,68 +200,30 @@ class TorchHFBackend(TrainingBackend):
                 softcap=self._softcap,
                 chunk_size=self.cfg.logprob_chunk_size,
             )
-        sizes = [it.response_len for it in items]
-        return list(torch.split(logp, sizes)), list(torch.split(ent, sizes))
 
-    def logprobs(self, items: list[TrainItem], *, reference: bool = False) -> list[torch.Tensor]:
-        model = self.ref_model if reference else self.model
-        if model is None:
-            raise RuntimeError("no reference model loaded (the KL loss is off or its coef is 0)")
-        self._check_loaded()
-        return collect_logprobs(
-            lambda batch: self._forward(model, batch),
-            items,
-            micro_batches(items, self.cfg.max_tokens_per_micro_batch),
-        )
+    def _micro_batches(self, items: list[TrainItem]) -> list[list[int]]:
+        return micro_batches(items, self.cfg.max_tokens_per_micro_batch)
 
-    # --- training --------------------------------------------------------------------------------
+    # --- training (the step itself is ``TrainingBackend.train_step``) ----------------------------
 
-    def train_step(
-        self,
-        items: list[TrainItem],
-        *,
-        old_logprobs: list[torch.Tensor] | None,
-        ref_logprobs: list[torch.Tensor] | None = None,
-        total_tokens: float | None = None,
-    ) -> dict[str, float]:
-        self._check_loaded()
-        local_tokens = float(sum(it.response_len for it in items if it.in_loss))
-        # the token-mean is over the *global* batch: a data-parallel rank passes its total
-        total_tokens = local_tokens if total_tokens is None else float(total_tokens)
-        lr = lr_at(self.cfg, self.step)
+    def _check_train_step(self, total_tokens: float | None) -> None:
+        """Nothing to refuse: without ``total_tokens`` a rank normalises by its own tokens."""
+
+    def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.model.train()
+
+    def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        sums, n_micro = backward_micro_batches(
-            lambda batch: self._forward(self.model, batch),
-            items,
-            micro_batches(items, self.cfg.max_tokens_per_micro_batch) if local_tokens > 0 else [],
-            self.cfg.loss,
-            total_tokens=total_tokens,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-        )
-        grad_norm = 0.0
+
+    def _sum_gradients(self) -> None:
         reduce_gradients(self.model)
-        if total_tokens > 0:
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad)
-            )
-            if not math.isfinite(grad_norm):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"non-finite gradient norm at step {self.step}")
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        self.model.eval()
-        return {
-            **sums,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "train_tokens": local_tokens,
-            "micro_batches": float(n_micro),
-        }
+
+    def _clip_gradients(self) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad))
+
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
 
     # --- weights, memory, checkpoints -----------------------------------------------------------
 
@@ -336,10 +283,6 @@ class TorchHFBackend(TrainingBackend):
     def last_move(self) -> dict[str, float]:
         """Seconds of the last offload / onload (empty on CPU, where nothing moves)."""
         return dict(self._host.last) if self._host is not None else {}
-
-    def _check_loaded(self) -> None:
-        if self.offloaded:
-            raise RuntimeError("training backend is offloaded; call onload() first")
 
     def save(self, path: Path, extra: dict[str, Any]) -> None:
         path = Path(path)

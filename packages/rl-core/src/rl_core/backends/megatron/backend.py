@@ -43,14 +43,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from rl_core.backends.base import (
-    BackendConfig,
-    TrainingBackend,
-    TrainItem,
-    backward_micro_batches,
-    collect_logprobs,
-    lr_at,
-)
+from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem, lr_at
 from rl_core.backends.megatron import require_megatron
 from rl_core.backends.megatron.config import (
     MegatronModelArgs,
@@ -184,7 +177,10 @@ def _packed_positions(lengths: list[int], device: torch.device) -> torch.Tensor:
 
 
 class MegatronBackend(TrainingBackend):
-    """A Megatron-core GPT policy (plus, with a non-zero KL coefficient, its frozen reference)."""
+    """A Megatron-core GPT policy (plus, with a non-zero KL coefficient, its frozen reference).
+
+    The TP peers of one data-parallel rank return the same :meth:`train_step` metrics.
+    """
 
     def __init__(
         self,
@@ -383,9 +379,9 @@ class MegatronBackend(TrainingBackend):
     def _autocast(self) -> Any:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
-    def _forward(
+    def _response_logprobs(
         self, model: Any, items: list[TrainItem]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-response-token log-probs and entropies of ``items``, packed into one row."""
         from megatron.core import tensor_parallel
         from megatron.core.packed_seq_params import PackedSeqParams
@@ -430,7 +426,7 @@ class MegatronBackend(TrainingBackend):
             elif self.tp_size > 1:
                 hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden)
             sel = hidden[:, 0][torch.tensor(rows, device=self.device)]
-            logp, ent = vocab_parallel_token_logprobs(
+            return vocab_parallel_token_logprobs(
                 sel,
                 self._output_weight(model),
                 torch.tensor(targets, device=self.device),
@@ -439,86 +435,25 @@ class MegatronBackend(TrainingBackend):
                 tp_group=self.tp_group,
                 tp_rank=self.tp_rank,
             )
-        sizes = [it.response_len for it in items]
-        return list(torch.split(logp, sizes)), list(torch.split(ent, sizes))
 
-    def logprobs(self, items: list[TrainItem], *, reference: bool = False) -> list[torch.Tensor]:
-        model = self.ref_model if reference else self.model
-        if model is None:
-            raise RuntimeError("no reference model loaded (the KL loss is off or its coef is 0)")
-        self._check_loaded()
-        model.eval()
-        return collect_logprobs(
-            lambda batch: self._forward(model, batch),
-            items,
-            pack_micro_batches(items, self.cfg.max_tokens_per_micro_batch),
-        )
+    def _micro_batches(self, items: list[TrainItem]) -> list[list[int]]:
+        return pack_micro_batches(items, self.cfg.max_tokens_per_micro_batch)
 
-    # --- training --------------------------------------------------------------------------------
+    # --- training (the step itself is ``TrainingBackend.train_step``) ----------------------------
 
-    def train_step(
-        self,
-        items: list[TrainItem],
-        *,
-        old_logprobs: list[torch.Tensor] | None,
-        ref_logprobs: list[torch.Tensor] | None = None,
-        total_tokens: float | None = None,
-    ) -> dict[str, float]:
-        """One optimizer step; ``total_tokens``: in-loss response tokens of the whole global
-        batch over all data-parallel ranks (default: this rank's, right at data parallel 1).
-
-        Metrics are this rank's share (sums over its tokens divided by ``total_tokens``), as the
-        torch backend returns them: the trainer group sums them over data-parallel ranks. TP
-        peers of one data-parallel rank return the same numbers.
-        """
-        self._check_loaded()
+    def _check_train_step(self, total_tokens: float | None) -> None:
+        """bf16 training needs CUDA; ``total_tokens`` (the in-loss response tokens of the whole
+        global batch over all data-parallel ranks) may be left out only at data parallel 1."""
         if self.bf16 and self.device.type != "cuda":
             raise ValueError(
                 "--bf16 training with --train-backend megatron needs CUDA: Megatron's linear "
                 "layers re-enter autocast in their backward only on CUDA (use fp32 on CPU)"
             )
-        local_tokens = float(sum(it.response_len for it in items if it.in_loss))
-        if total_tokens is None:
-            if self.dp_size > 1:
-                raise ValueError(
-                    f"train_step on {self.dp_size} data-parallel ranks needs total_tokens (the "
-                    "global batch's in-loss tokens), else each rank normalises by its own"
-                )
-            total_tokens = local_tokens
-        total_tokens = float(total_tokens)
-        lr = lr_at(self.cfg, self.step)
-        self._set_lr(lr)
-        self.model.train()
-        self._zero_grad()
-        sums, n_micro = backward_micro_batches(
-            lambda batch: self._forward(self.model, batch),
-            items,
-            pack_micro_batches(items, self.cfg.max_tokens_per_micro_batch)
-            if local_tokens > 0
-            else [],
-            self.cfg.loss,
-            total_tokens=total_tokens,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-        )
-        grad_norm = 0.0
-        if total_tokens > 0:  # the same on every rank: all join the gradient reduce-scatter
-            grad_norm = self._reduce_and_clip()
-            if not math.isfinite(grad_norm):
-                self._zero_grad()
-                raise FloatingPointError(f"non-finite gradient norm at step {self.step}")
-            with _cpu_device_redirect(self.device):
-                self.optimizer.step_with_ready_grads()  # + the all-gather of the parameters
-        self._zero_grad()
-        self.step += 1
-        self.model.eval()
-        return {
-            **sums,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "train_tokens": local_tokens,
-            "micro_batches": float(n_micro),
-        }
+        if total_tokens is None and self.dp_size > 1:
+            raise ValueError(
+                f"train_step on {self.dp_size} data-parallel ranks needs total_tokens (the "
+                "global batch's in-loss tokens), else each rank normalises by its own"
+            )
 
     def _tp_partial(self, name: str, param: torch.Tensor) -> bool:
         """A replicated weight whose gradient each TP rank holds only a part of: q/k norms (each
@@ -530,7 +465,11 @@ class MegatronBackend(TrainingBackend):
             return True
         return self.parallel.sequence_parallel and bool(getattr(param, "sequence_parallel", False))
 
-    def _reduce_and_clip(self) -> float:
+    def _sum_gradients(self) -> None:
+        """Nothing here: Megatron's DDP reduce-scatters in :meth:`_clip_gradients`, only on a
+        step that trains (the same on every rank)."""
+
+    def _clip_gradients(self) -> float:
         """Sum partial replicated gradients over TP, reduce-scatter all of them over data
         parallel, then clip this rank's shard by the global norm (Megatron's, every shard and
         TP-sharded weight counted once); returns the norm before clipping."""
@@ -547,6 +486,10 @@ class MegatronBackend(TrainingBackend):
                 params = self.optimizer.get_parameters()
                 clip_grad_by_total_norm_fp32(params, self.cfg.clip_grad, norm)
         return norm
+
+    def _optimizer_step(self) -> None:
+        with _cpu_device_redirect(self.device):
+            self.optimizer.step_with_ready_grads()  # + the all-gather of the parameters
 
     # --- weights, memory, checkpoints -----------------------------------------------------------
 
@@ -672,10 +615,6 @@ class MegatronBackend(TrainingBackend):
             for param, (start, end, _) in buf.param_index_map.items():
                 where[id(param)] = host[start:end]
         return {k: where[id(p)].view(p.shape) for k, p in self.model.named_parameters()}
-
-    def _check_loaded(self) -> None:
-        if self.offloaded:
-            raise RuntimeError("training backend is offloaded; call onload() first")
 
     def save(self, path: Path, extra: dict[str, Any]) -> None:
         """An HF folder (``model/``: safetensors + config, loads in transformers), the step and

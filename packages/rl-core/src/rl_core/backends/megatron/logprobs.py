@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.checkpoint import checkpoint
 
+from rl_core.backends.base import chunked_logprobs
 from rl_core.backends.torch_hf import token_logprobs
 
 
@@ -82,17 +82,13 @@ def vocab_parallel_token_logprobs(
             hidden, weight, targets, temperature=temperature, chunk_size=chunk_size
         )
     vocab_start = tp_rank * weight.shape[0]
-    outs, ents = [], []
-    for start in range(0, hidden.shape[0], chunk_size):
-        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
-        args = (h, weight, t, temperature, vocab_start, tp_group)
-        if torch.is_grad_enabled() and h.requires_grad:
-            lp, ent = checkpoint(_chunk_vocab_parallel, *args, use_reentrant=False)
-        else:
-            lp, ent = _chunk_vocab_parallel(*args)
-        outs.append(lp)
-        ents.append(ent)
-    if not outs:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(outs), torch.cat(ents)
+    return chunked_logprobs(
+        _chunk_vocab_parallel,
+        hidden,
+        weight,
+        targets,
+        temperature,
+        vocab_start,
+        tp_group,
+        chunk_size=chunk_size,
+    )
