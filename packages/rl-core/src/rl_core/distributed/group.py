@@ -14,7 +14,10 @@ the start.
 from __future__ import annotations
 
 import asyncio
+import functools
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,11 +76,20 @@ class Learner(Protocol):
     async def load(self, path: Path) -> dict[str, Any]: ...
 
 
-class LocalLearner:
-    """A :class:`Learner` over a backend in this process (its compute runs off the loop)."""
+@dataclass(frozen=True)
+class RolloutSteps:
+    """A rollout cut into optimizer steps: each step's samples (``items[k]``), its in-loss tokens
+    (the loss's denominator) and, where the caller has them, its old and reference log-probs."""
 
-    def __init__(self, backend: TrainingBackend) -> None:
-        self.backend = backend
+    items: list[list[TrainItem]]
+    tokens: list[float]
+    old: list[Logprobs] | None
+    ref: list[Logprobs] | None
+
+
+class _StepwiseLearner(ABC):
+    """:meth:`Learner.train`, written once: cut the rollout into optimizer steps, let the
+    subclass train them (in this process or on the ranks), average the metrics per step."""
 
     async def train(
         self,
@@ -88,16 +100,30 @@ class LocalLearner:
         ref: list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
         steps = optimizer_steps(items, batch_size)
-        tokens = [in_loss_tokens(s) for s in steps]
-        sums = await asyncio.to_thread(
-            train_shards,
-            self.backend,
+        cut = RolloutSteps(
             steps,
-            tokens,
+            [in_loss_tokens(s) for s in steps],
             _per_step(old, batch_size),
             _per_step(ref, batch_size),
         )
-        return average([sums], len(steps))
+        return average(await self._train(cut), len(steps))
+
+    @abstractmethod
+    async def _train(self, steps: RolloutSteps) -> list[dict[str, float]]:
+        """Train on ``steps``; the metric sums of each data-parallel rank (one per model copy)."""
+
+
+class LocalLearner(_StepwiseLearner):
+    """A :class:`Learner` over a backend in this process (its compute runs off the loop)."""
+
+    def __init__(self, backend: TrainingBackend) -> None:
+        self.backend = backend
+
+    async def _train(self, steps: RolloutSteps) -> list[dict[str, float]]:
+        sums = await asyncio.to_thread(
+            train_shards, self.backend, steps.items, steps.tokens, steps.old, steps.ref
+        )
+        return [sums]
 
     async def export_weights(self) -> Any:
         return await asyncio.to_thread(self.backend.export_weights)
@@ -121,16 +147,12 @@ def _per_step(values: list[torch.Tensor] | None, size: int) -> list[Logprobs] | 
     return [values[i : i + size] for i in range(0, len(values), size)]
 
 
-_REMOTE_WORKER: Any = None
-
-
+@functools.cache
 def _remote_worker() -> Any:
-    global _REMOTE_WORKER
-    if _REMOTE_WORKER is None:
-        import ray
+    """``TrainWorker`` as a Ray actor class, made at the first use (Ray is imported only then)."""
+    import ray
 
-        _REMOTE_WORKER = ray.remote(TrainWorker)
-    return _REMOTE_WORKER
+    return ray.remote(TrainWorker)
 
 
 class _RayGroup:
@@ -220,35 +242,27 @@ class _RayGroup:
             ray.kill(w)
 
 
-class TrainGroup(_RayGroup):
+class TrainGroup(_RayGroup, _StepwiseLearner):
     """The ``actor`` role: data-parallel training, the driver's :class:`Learner`."""
 
-    async def train(
-        self,
-        items: list[TrainItem],
-        batch_size: int,
-        *,
-        old: list[torch.Tensor] | None = None,
-        ref: list[torch.Tensor] | None = None,
-    ) -> dict[str, float]:
-        steps = optimizer_steps(items, batch_size)
-        tokens = [in_loss_tokens(s) for s in steps]
-        old_steps, ref_steps = _per_step(old, batch_size), _per_step(ref, batch_size)
+    async def _train(self, steps: RolloutSteps) -> list[dict[str, float]]:
         # data-parallel shards; the tensor-parallel peers of a shard (ranks r // tp) share it
-        shards = [split_by_tokens(s, self.data_parallel_size) for s in steps]
+        shards = [split_by_tokens(s, self.data_parallel_size) for s in steps.items]
 
         def pick(per_step: list[list[Any]] | None, rank: int) -> list[list[Any]] | None:
             if per_step is None:
                 return None
             dp = rank // self.tp
-            return [[per_step[k][i] for i in shards[k][dp]] for k in range(len(steps))]
+            return [[per_step[k][i] for i in shards[k][dp]] for k in range(len(steps.items))]
 
         calls = [
-            w.train.remote(pick(steps, r), tokens, pick(old_steps, r), pick(ref_steps, r))
+            w.train.remote(
+                pick(steps.items, r), steps.tokens, pick(steps.old, r), pick(steps.ref, r)
+            )
             for r, w in enumerate(self.workers)
         ]
         per_rank = await self._wait("train", calls, TRAINER_CALL_TIMEOUT_S)
-        return average(per_rank[:: self.tp], len(steps))  # TP peers report the same numbers
+        return per_rank[:: self.tp]  # TP peers report the same numbers
 
     async def export_weights(self) -> Any:
         """Rank 0's weights as an object-store reference: one copy, shared by every engine.
