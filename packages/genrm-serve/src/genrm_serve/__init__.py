@@ -2,7 +2,8 @@
 
 This module is the package's public surface: what other packages (rl-core, users' launchers)
 may import. Names resolve lazily, so ``import genrm_serve`` loads neither Ray nor torch; the
-submodules behind them are internals and may change.
+submodules behind them are internals and may change. A renamed name stays here as an alias of
+its new one (:data:`_ALIASES`), so that users' code keeps working.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ _EXPORTS: dict[str, str] = {
     "EngineOutput": "genrm_serve.engines.base",
     "EngineRequest": "genrm_serve.engines.base",
     "engine_id_for": "genrm_serve.engines.base",
-    "EngineActor": "genrm_serve.engines.actor",
-    "EngineGoneError": "genrm_serve.engines.actor",
+    "EngineGoneError": "genrm_serve.engines.remote",
+    "RemoteEngine": "genrm_serve.engines.remote",
     "EngineWorker": "genrm_serve.engines.worker",
     "create_engine_worker": "genrm_serve.engines.worker",
     # moving weights: host buffers, buckets, CUDA IPC, a broadcast group
@@ -60,6 +61,11 @@ _EXPORTS: dict[str, str] = {
     "LOCAL_RAY_ENV": "genrm_serve.ray_env",
     "apply_ray_env_defaults": "genrm_serve.ray_env",
     "resolve_model_path": "genrm_serve.models",
+}
+
+#: old public name → the name it is now (resolved through :data:`_EXPORTS`)
+_ALIASES: dict[str, str] = {
+    "EngineActor": "RemoteEngine",  # the caller's side of an engine actor, not the actor
 }
 
 __all__ = [
@@ -84,6 +90,7 @@ __all__ = [
     "GenRMConfigError",
     "HostOffloader",
     "InstanceSpec",
+    "RemoteEngine",
     "ServeArgs",
     "WeightBroadcastGroup",
     "__version__",
@@ -108,10 +115,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    target = _ALIASES.get(name, name)
+    module = _EXPORTS.get(target)
     if module is None:
         raise AttributeError(f"module 'genrm_serve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), target)
     globals()[name] = value
     return value
 
@@ -138,7 +146,6 @@ if TYPE_CHECKING:  # the names as type checkers see them
         instances_from_args,
     )
     from genrm_serve.engine_refs import EnginePlacement, EngineRef
-    from genrm_serve.engines.actor import EngineActor, EngineGoneError
     from genrm_serve.engines.base import (
         Engine,
         EngineAsleepError,
@@ -147,6 +154,7 @@ if TYPE_CHECKING:  # the names as type checkers see them
         EngineRequest,
         engine_id_for,
     )
+    from genrm_serve.engines.remote import EngineGoneError, RemoteEngine
     from genrm_serve.engines.weights import (
         DEFAULT_BUCKET_BYTES,
         BucketMeta,
@@ -163,3 +171,5 @@ if TYPE_CHECKING:  # the names as type checkers see them
     from genrm_serve.models import resolve_model_path
     from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
     from genrm_serve.serve_args import ServeArgs
+
+    EngineActor = RemoteEngine  # the old name (see _ALIASES)
