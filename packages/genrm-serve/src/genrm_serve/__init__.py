@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "InstanceSpec": "genrm_serve.config",
     "add_genrm_args": "genrm_serve.config",
     "instances_from_args": "genrm_serve.config",
+    "invalid_json": "genrm_serve.config",
     "ServeArgs": "genrm_serve.serve_args",
     "CapacityError": "genrm_serve.capacity",
     "check_fits": "genrm_serve.capacity",
@@ -47,9 +48,11 @@ _EXPORTS: dict[str, str] = {
     "RemoteEngine": "genrm_serve.engines.remote",
     "EngineWorker": "genrm_serve.engines.worker",
     "create_engine_worker": "genrm_serve.engines.worker",
+    "check_owned_server_args": "genrm_serve.engines.sglang_args",
     # moving weights: host buffers, buckets, CUDA IPC, a broadcast group
     "DEFAULT_BUCKET_BYTES": "genrm_serve.engines.weights",
     "BucketMeta": "genrm_serve.engines.weights",
+    "dtype_from_name": "genrm_serve.engines.weights",
     "HostOffloader": "genrm_serve.engines.weights",
     "WeightBroadcastGroup": "genrm_serve.engines.weights",
     "ipc_handle": "genrm_serve.engines.weights",
@@ -60,7 +63,14 @@ _EXPORTS: dict[str, str] = {
     # running on Ray, models
     "LOCAL_RAY_ENV": "genrm_serve.ray_env",
     "apply_ray_env_defaults": "genrm_serve.ray_env",
+    "check_model_path": "genrm_serve.models",
+    "default_cache_dir": "genrm_serve.models",
+    "is_embedded": "genrm_serve.models",
     "resolve_model_path": "genrm_serve.models",
+    # the precision rule shared by the hf engine and the trainer
+    "CpuBf16Probe": "genrm_serve.precision",
+    "probe_cpu_bf16": "genrm_serve.precision",
+    "resolve_bf16": "genrm_serve.precision",
 }
 
 #: old public name → the name it is now (resolved through :data:`_EXPORTS`)
@@ -75,6 +85,7 @@ __all__ = [
     "WEIGHT_GROUP_TIMEOUT_S",
     "BucketMeta",
     "CapacityError",
+    "CpuBf16Probe",
     "Engine",
     "EngineActor",
     "EngineAsleepError",
@@ -98,14 +109,22 @@ __all__ = [
     "apply_ray_env_defaults",
     "build_app",
     "check_fits",
+    "check_model_path",
+    "check_owned_server_args",
     "create_engine_worker",
+    "default_cache_dir",
     "deploy",
+    "dtype_from_name",
     "engine_id_for",
     "instances_from_args",
+    "invalid_json",
     "ipc_handle",
+    "is_embedded",
     "open_ipc_handle",
     "pack_bucket",
     "plan_buckets",
+    "probe_cpu_bf16",
+    "resolve_bf16",
     "resolve_model_path",
     "shutdown_serve",
     "start_proxy",
@@ -144,6 +163,7 @@ if TYPE_CHECKING:  # the names as type checkers see them
         InstanceSpec,
         add_genrm_args,
         instances_from_args,
+        invalid_json,
     )
     from genrm_serve.engine_refs import EnginePlacement, EngineRef
     from genrm_serve.engines.base import (
@@ -155,11 +175,13 @@ if TYPE_CHECKING:  # the names as type checkers see them
         engine_id_for,
     )
     from genrm_serve.engines.remote import EngineGoneError, RemoteEngine
+    from genrm_serve.engines.sglang_args import check_owned_server_args
     from genrm_serve.engines.weights import (
         DEFAULT_BUCKET_BYTES,
         BucketMeta,
         HostOffloader,
         WeightBroadcastGroup,
+        dtype_from_name,
         ipc_handle,
         open_ipc_handle,
         pack_bucket,
@@ -168,7 +190,13 @@ if TYPE_CHECKING:  # the names as type checkers see them
     )
     from genrm_serve.engines.worker import EngineWorker, create_engine_worker
     from genrm_serve.limits import ENGINE_START_TIMEOUT_S, WEIGHT_GROUP_TIMEOUT_S
-    from genrm_serve.models import resolve_model_path
+    from genrm_serve.models import (
+        check_model_path,
+        default_cache_dir,
+        is_embedded,
+        resolve_model_path,
+    )
+    from genrm_serve.precision import CpuBf16Probe, probe_cpu_bf16, resolve_bf16
     from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
     from genrm_serve.serve_args import ServeArgs
 
