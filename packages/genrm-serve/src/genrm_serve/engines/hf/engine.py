@@ -5,13 +5,13 @@ own temperature / top-p / top-k / seed / stop strings, and rollout needs, per sa
 log-prob under the distribution it was drawn from *and* under the raw model — one loop over one
 KV cache gives all of that without a second forward pass.
 
-A batch is one *packed prefill* (:mod:`genrm_serve.engines.hf_packing`): the prompts go into a
+A batch is one *packed prefill* (:mod:`genrm_serve.engines.hf.packing`): the prompts go into a
 radix tree over token ids, every shared run (a GRPO group's template + question + reference, a
 template common to all groups) is computed once, and the tree's nodes are laid end to end in one
 sequence with no padding; logits are computed only at each row's last prompt token. That one
 forward gives every row its first reply token, so a one-token verdict costs no decode step at
 all. Rows that need more tokens continue from a static KV cache gathered out of the prefill, and
-sampling runs batched on the logits' device (:mod:`genrm_serve.engines.hf_sampling`): per step
+sampling runs batched on the logits' device (:mod:`genrm_serve.engines.hf.sampling`): per step
 only the chosen tokens and their log-probs reach the host.
 
 Memory is bounded by construction, not by free RAM: a batch is split into chunks of at most
@@ -68,8 +68,8 @@ from genrm_serve.engines.base import (
     RequestRefusedError,
     VerdictUnavailableError,
 )
-from genrm_serve.engines.hf_decode_step import DecodeStep
-from genrm_serve.engines.hf_packing import (
+from genrm_serve.engines.hf.decode_step import DecodeStep
+from genrm_serve.engines.hf.packing import (
     DecodeState,
     PackedPlan,
     activate,
@@ -77,7 +77,7 @@ from genrm_serve.engines.hf_packing import (
     common_prefix_len,
     register_attention,
 )
-from genrm_serve.engines.hf_sampling import RowSampling, sample
+from genrm_serve.engines.hf.sampling import RowSampling, sample
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
 from genrm_serve.engines.wake_check import WakeCheck
 from genrm_serve.engines.weights import (
@@ -393,7 +393,7 @@ class HFEngine(Engine):
         gated MLP) that eager mode runs one by one; compiled, they fuse. One compiled layer serves
         every layer (same code, the weights are inputs), with dynamic shapes, so the first batch
         pays ~15 s once and later shapes do not recompile. The attention is one opaque op in
-        the layer's graph (``hf_packing.packed_attention``), so each layer is a single graph.
+        the layer's graph (``packing.packed_attention``), so each layer is a single graph.
         """
         layers = getattr(getattr(model, "model", None), "layers", None)
         if self.device.type != "cuda" or os.environ.get("GENRM_HF_COMPILE", "1") == "0":
