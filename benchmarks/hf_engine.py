@@ -21,10 +21,12 @@ a GPU (fp32 on CPU)::
     python benchmarks/hf_engine.py rollout --shape qwen3-0.6b
     python benchmarks/hf_engine.py judge --model embedded --shared 200 --private 50 --repeats 2
 
-``--engine-module FILE`` loads ``HFEngine`` from another copy of ``engines/hf.py`` (e.g. an older
-commit's, via ``git show REV:packages/genrm-serve/src/genrm_serve/engines/hf.py > old.py``), so
-that two versions are compared on one machine in one run. Each row also reports judgments per
-CPU-second of this process, which is what matters on a shared CPU machine.
+``--engine-module FILE`` loads ``HFEngine`` from another copy of ``engines/hf/engine.py`` (e.g. an
+older commit's, via ``git show REV:packages/genrm-serve/src/genrm_serve/engines/hf/engine.py >
+old.py``; ``engines/hf.py`` before the engine became a package), so that two versions are
+compared on one machine in one run; the copy imports its helper modules from the installed tree.
+Each row also reports judgments per CPU-second of this process, which is what matters on a
+shared CPU machine.
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ def _engine(args: argparse.Namespace, max_context: int) -> Any:
             params = inspect.signature(prebuilt.forward).parameters
             self._cache_kw = "cache" if "cache" in params else "past_key_values"
             if args.engine_module is None:
-                from genrm_serve.engines.hf_packing import register_attention
+                from genrm_serve.engines.hf.packing import register_attention
 
                 prebuilt.set_attn_implementation(register_attention())
                 self._compile(prebuilt)

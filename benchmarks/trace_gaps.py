@@ -42,7 +42,8 @@ def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def _frame(name: str) -> str:
-    """``.../genrm_serve/engines/hf.py(612): _run_chunk`` → ``engines/hf.py:_run_chunk``."""
+    """A profiler frame's short name: ``.../genrm_serve/engines/hf/engine.py(612): _run_chunk``
+    → ``engines/hf/engine.py:_run_chunk``."""
     where, _, func = name.partition(": ")
     file = where.split("(")[0]
     for mark in ("genrm_serve/", "transformers/models/", "benchmarks/"):

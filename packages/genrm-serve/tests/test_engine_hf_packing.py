@@ -18,8 +18,8 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
 )
 from genrm_serve.engines.hf import HFEngine, VerdictUnavailableError
-from genrm_serve.engines.hf_packing import build_forest, build_plan
-from genrm_serve.engines.hf_sampling import RowSampling, sample
+from genrm_serve.engines.hf.packing import build_forest, build_plan
+from genrm_serve.engines.hf.sampling import RowSampling, sample
 from genrm_serve.testing import build_tiny_model
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genrm_serve.engines.hf_packing import _prefill_masked, _prefill_varlen, build_plan
+from genrm_serve.engines.hf.packing import _prefill_masked, _prefill_varlen, build_plan
 
 pytestmark = [pytest.mark.gpu]
 

@@ -81,7 +81,7 @@ def test_this_machine_is_probed_from_torch_and_cpuinfo() -> None:
 def test_hf_engine_weights_dtype_on_cpu(
     monkeypatch: pytest.MonkeyPatch, probe: CpuBf16Probe, name: str, dtype: torch.dtype
 ) -> None:
-    from genrm_serve.engines.hf import _resolve_dtype
+    from genrm_serve.engines.hf.engine import _resolve_dtype
 
     monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: probe)
     assert _resolve_dtype(name, torch.device("cpu")) == dtype
@@ -90,7 +90,7 @@ def test_hf_engine_weights_dtype_on_cpu(
 def test_hf_engine_bf16_asked_on_a_cpu_without_it_names_the_setting(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from genrm_serve.engines.hf import _resolve_dtype
+    from genrm_serve.engines.hf.engine import _resolve_dtype
 
     monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: AVX2)
     monkeypatch.setattr(precision, "_warned", set())

@@ -2,7 +2,8 @@
 
 This module is the package's public surface: what other packages (rl-core, users' launchers)
 may import. Names resolve lazily, so ``import genrm_serve`` loads neither Ray nor torch; the
-submodules behind them are internals and may change.
+submodules behind them are internals and may change. A renamed name stays here as an alias of
+its new one (:data:`_ALIASES`), so that users' code keeps working.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "InstanceSpec": "genrm_serve.config",
     "add_genrm_args": "genrm_serve.config",
     "instances_from_args": "genrm_serve.config",
+    "invalid_json": "genrm_serve.config",
     "ServeArgs": "genrm_serve.serve_args",
     "CapacityError": "genrm_serve.capacity",
     "check_fits": "genrm_serve.capacity",
@@ -42,13 +44,15 @@ _EXPORTS: dict[str, str] = {
     "EngineOutput": "genrm_serve.engines.base",
     "EngineRequest": "genrm_serve.engines.base",
     "engine_id_for": "genrm_serve.engines.base",
-    "EngineActor": "genrm_serve.engines.actor",
-    "EngineGoneError": "genrm_serve.engines.actor",
+    "EngineGoneError": "genrm_serve.engines.remote",
+    "RemoteEngine": "genrm_serve.engines.remote",
     "EngineWorker": "genrm_serve.engines.worker",
     "create_engine_worker": "genrm_serve.engines.worker",
+    "check_owned_server_args": "genrm_serve.engines.sglang_args",
     # moving weights: host buffers, buckets, CUDA IPC, a broadcast group
     "DEFAULT_BUCKET_BYTES": "genrm_serve.engines.weights",
     "BucketMeta": "genrm_serve.engines.weights",
+    "dtype_from_name": "genrm_serve.engines.weights",
     "HostOffloader": "genrm_serve.engines.weights",
     "WeightBroadcastGroup": "genrm_serve.engines.weights",
     "ipc_handle": "genrm_serve.engines.weights",
@@ -59,7 +63,19 @@ _EXPORTS: dict[str, str] = {
     # running on Ray, models
     "LOCAL_RAY_ENV": "genrm_serve.ray_env",
     "apply_ray_env_defaults": "genrm_serve.ray_env",
+    "check_model_path": "genrm_serve.models",
+    "default_cache_dir": "genrm_serve.models",
+    "is_embedded": "genrm_serve.models",
     "resolve_model_path": "genrm_serve.models",
+    # the precision rule shared by the hf engine and the trainer
+    "CpuBf16Probe": "genrm_serve.precision",
+    "probe_cpu_bf16": "genrm_serve.precision",
+    "resolve_bf16": "genrm_serve.precision",
+}
+
+#: old public name → the name it is now (resolved through :data:`_EXPORTS`)
+_ALIASES: dict[str, str] = {
+    "EngineActor": "RemoteEngine",  # the caller's side of an engine actor, not the actor
 }
 
 __all__ = [
@@ -69,6 +85,7 @@ __all__ = [
     "WEIGHT_GROUP_TIMEOUT_S",
     "BucketMeta",
     "CapacityError",
+    "CpuBf16Probe",
     "Engine",
     "EngineActor",
     "EngineAsleepError",
@@ -84,6 +101,7 @@ __all__ = [
     "GenRMConfigError",
     "HostOffloader",
     "InstanceSpec",
+    "RemoteEngine",
     "ServeArgs",
     "WeightBroadcastGroup",
     "__version__",
@@ -91,14 +109,22 @@ __all__ = [
     "apply_ray_env_defaults",
     "build_app",
     "check_fits",
+    "check_model_path",
+    "check_owned_server_args",
     "create_engine_worker",
+    "default_cache_dir",
     "deploy",
+    "dtype_from_name",
     "engine_id_for",
     "instances_from_args",
+    "invalid_json",
     "ipc_handle",
+    "is_embedded",
     "open_ipc_handle",
     "pack_bucket",
     "plan_buckets",
+    "probe_cpu_bf16",
+    "resolve_bf16",
     "resolve_model_path",
     "shutdown_serve",
     "start_proxy",
@@ -108,10 +134,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    target = _ALIASES.get(name, name)
+    module = _EXPORTS.get(target)
     if module is None:
         raise AttributeError(f"module 'genrm_serve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), target)
     globals()[name] = value
     return value
 
@@ -136,9 +163,9 @@ if TYPE_CHECKING:  # the names as type checkers see them
         InstanceSpec,
         add_genrm_args,
         instances_from_args,
+        invalid_json,
     )
     from genrm_serve.engine_refs import EnginePlacement, EngineRef
-    from genrm_serve.engines.actor import EngineActor, EngineGoneError
     from genrm_serve.engines.base import (
         Engine,
         EngineAsleepError,
@@ -147,11 +174,14 @@ if TYPE_CHECKING:  # the names as type checkers see them
         EngineRequest,
         engine_id_for,
     )
+    from genrm_serve.engines.remote import EngineGoneError, RemoteEngine
+    from genrm_serve.engines.sglang_args import check_owned_server_args
     from genrm_serve.engines.weights import (
         DEFAULT_BUCKET_BYTES,
         BucketMeta,
         HostOffloader,
         WeightBroadcastGroup,
+        dtype_from_name,
         ipc_handle,
         open_ipc_handle,
         pack_bucket,
@@ -160,6 +190,14 @@ if TYPE_CHECKING:  # the names as type checkers see them
     )
     from genrm_serve.engines.worker import EngineWorker, create_engine_worker
     from genrm_serve.limits import ENGINE_START_TIMEOUT_S, WEIGHT_GROUP_TIMEOUT_S
-    from genrm_serve.models import resolve_model_path
+    from genrm_serve.models import (
+        check_model_path,
+        default_cache_dir,
+        is_embedded,
+        resolve_model_path,
+    )
+    from genrm_serve.precision import CpuBf16Probe, probe_cpu_bf16, resolve_bf16
     from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
     from genrm_serve.serve_args import ServeArgs
+
+    EngineActor = RemoteEngine  # the old name (see _ALIASES)

@@ -37,7 +37,6 @@ from typing import Any, Literal
 from genrm_serve.affinity import affinity_slack, home_of
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engine_refs import EngineRef
-from genrm_serve.engines.actor import EngineActor, EngineGoneError
 from genrm_serve.engines.base import (
     EngineAsleepError,
     EngineOutput,
@@ -47,6 +46,7 @@ from genrm_serve.engines.base import (
     RequestRefusedError,
     engine_id_for,
 )
+from genrm_serve.engines.remote import EngineGoneError, RemoteEngine
 from genrm_serve.errors import ServiceError
 
 __all__ = ["EngineSlot", "InstanceRouter", "SlotState", "error_message"]
@@ -114,17 +114,17 @@ class EngineSlot:
     #: Has been healthy once: a later outage is a restart, which requests wait out.
     served: bool = False
     job: asyncio.Task[None] | None = field(default=None, repr=False)
-    _actor: EngineActor | None = field(default=None, repr=False)
+    _actor: RemoteEngine | None = field(default=None, repr=False)
 
     @property
     def engine_id(self) -> str:
         return engine_id_for(self.route_key, self.index)
 
     @property
-    def actor(self) -> EngineActor:
+    def actor(self) -> RemoteEngine:
         """Every call to this slot's engine actor goes through it (one per actor handle)."""
         if self._actor is None or self._actor.handle is not self.handle:
-            self._actor = EngineActor(self.handle, self.engine_id)
+            self._actor = RemoteEngine(self.handle, self.engine_id)
         return self._actor
 
     @property

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 
 from genrm_serve.config import InstanceSpec
-from genrm_serve.engines.actor import EngineGoneError
+from genrm_serve.engines.remote import EngineGoneError
 from genrm_serve.router import EngineSlot, InstanceRouter, error_message
 from genrm_serve.serve_args import ServeArgs
 

@@ -41,7 +41,7 @@ def preflight(cfg: TrainConfig) -> None:
 
 
 def _check_model_folder(flag: str, path: str) -> None:
-    from genrm_serve.models import check_model_path
+    from genrm_serve import check_model_path
 
     try:
         check_model_path(path)
@@ -162,7 +162,7 @@ def check_load(cfg: TrainConfig) -> None:
 
 
 def _policy_folder(cfg: TrainConfig) -> Path | None:
-    from genrm_serve.models import default_cache_dir, is_embedded
+    from genrm_serve import default_cache_dir, is_embedded
 
     if is_embedded(cfg.hf_checkpoint):
         name = cfg.hf_checkpoint.partition(":")[2] or "gemma3-270m"

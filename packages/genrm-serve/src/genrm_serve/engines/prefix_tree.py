@@ -1,7 +1,7 @@
 """The radix tree of a batch's prompts: which runs of tokens several prompts share.
 
 A judge batch is GRPO groups whose samples share template + question + reference. Both engines
-use the tree: the hf engine computes every node once in a packed prefill (``hf_packing.py``);
+use the tree: the hf engine computes every node once in a packed prefill (``hf/packing.py``);
 the SGLang engine has each group's shared run computed first, so that SGLang's radix cache holds
 it when the group's members arrive (``sglang.py``). Plain Python: no torch here.
 """

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -492,16 +493,12 @@ class EngineWorker:
             pending.future.set_result(result)
 
 
-_REMOTE_CLASS: Any = None
-
-
+@functools.cache
 def _remote_worker_class() -> Any:
-    global _REMOTE_CLASS
-    if _REMOTE_CLASS is None:
-        import ray
+    """``ray.remote(EngineWorker)``, made on first use: importing this module loads no Ray."""
+    import ray
 
-        _REMOTE_CLASS = ray.remote(EngineWorker)
-    return _REMOTE_CLASS
+    return ray.remote(EngineWorker)
 
 
 def _placement_gpus(spec: InstanceSpec, placement_group: Any, bundle_index: int | None) -> float:

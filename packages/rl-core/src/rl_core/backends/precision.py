@@ -6,6 +6,6 @@ depends on genrm-serve, not the other way round); see there for why.
 
 from __future__ import annotations
 
-from genrm_serve.precision import CpuBf16Probe, probe_cpu_bf16, resolve_bf16
+from genrm_serve import CpuBf16Probe, probe_cpu_bf16, resolve_bf16
 
 __all__ = ["CpuBf16Probe", "probe_cpu_bf16", "resolve_bf16"]

@@ -210,8 +210,7 @@ class TrainWorker:
         sync (Megatron's are re-split from its fused layout on each read, and all-gathered under
         TP); nothing trains between the plan and the last bucket.
         """
-        from genrm_serve import plan_buckets
-        from genrm_serve.engines.weights import dtype_from_name
+        from genrm_serve import dtype_from_name, plan_buckets
 
         named = self.backend.named_weights()
         self._sync_weights = dict(named)

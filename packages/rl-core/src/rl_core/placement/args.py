@@ -13,8 +13,13 @@ import json
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from genrm_serve import GenRMConfigError, InstanceSpec, add_genrm_args, instances_from_args
-from genrm_serve.config import invalid_json
+from genrm_serve import (
+    GenRMConfigError,
+    InstanceSpec,
+    add_genrm_args,
+    instances_from_args,
+    invalid_json,
+)
 from rl_core.placement.errors import PlacementError
 from rl_core.placement.plan import (
     BUILTIN_POST_PROCESS,

@@ -1,12 +1,15 @@
-"""The driver-side face of one engine actor: every call, its deadline, cancellation and death.
+"""The caller's side of one engine actor: every call, its deadline, cancellation and death.
 
-An engine runs in an :class:`~genrm_serve.engines.worker.EngineWorker` Ray actor. Everyone who
-talks to one (the router, the supervisor, rl-core's rollout, weight sync, phases, layout report
-and memory probe) does it through an :class:`EngineActor`, so the answers to "what happens when
-an engine dies mid-call?" and "what is the deadline of this call?" are in this file:
+An engine runs in an :class:`~genrm_serve.engines.worker.EngineWorker` Ray actor; a
+:class:`RemoteEngine` is that engine as seen from outside the actor (like Ray Serve's
+``ActorReplicaWrapper``, the name says which side of the actor it is on; ``genrm_serve`` keeps
+its old name, ``EngineActor``, as an alias). Everyone who talks to an engine actor (the router,
+the supervisor, rl-core's rollout, weight sync, phases, layout report and memory probe) does it
+through a :class:`RemoteEngine`, so the answers to "what happens when an engine dies mid-call?"
+and "what is the deadline of this call?" are in this file:
 
 - **Deadline.** Every call has one: the ``timeout_s`` given to the call, else the one given to
-  the :class:`EngineActor` (rl-core: one number for every call), else genrm-serve's
+  the :class:`RemoteEngine` (rl-core: one number for every call), else genrm-serve's
   ``limits`` for that kind of call. Past it, :class:`TimeoutError`.
 - **Cancellation.** A request (``generate_many``) whose caller went away or ran out of time is
   cancelled on the actor (``ray.cancel``), which frees the engine's batch slot for someone else.
@@ -31,7 +34,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from genrm_serve import limits
 from genrm_serve.engines.base import EngineError, EngineOutput, EngineRequest
 
-__all__ = ["ACTOR_GONE", "EngineActor", "EngineGoneError"]
+__all__ = ["ACTOR_GONE", "EngineGoneError", "RemoteEngine"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ def _cancel(ref: Any) -> None:
         logger.debug("could not cancel an engine call", exc_info=True)
 
 
-class EngineActor:
+class RemoteEngine:
     """One engine actor as its callers see it (see the module docstring for the rules)."""
 
     def __init__(self, handle: Any, engine_id: str, *, timeout_s: float | None = None) -> None:
@@ -78,7 +81,7 @@ class EngineActor:
         return self.engine_id
 
     def __repr__(self) -> str:
-        return f"EngineActor({self.engine_id!r})"
+        return f"RemoteEngine({self.engine_id!r})"
 
     # ---- the one call ----------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from genrm_serve.engines.hf_packing import DecodeState, activate
+from genrm_serve.engines.hf.packing import DecodeState, activate
 
 __all__ = ["DecodeStep"]
 

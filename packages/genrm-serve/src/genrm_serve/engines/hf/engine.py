@@ -5,21 +5,19 @@ own temperature / top-p / top-k / seed / stop strings, and rollout needs, per sa
 log-prob under the distribution it was drawn from *and* under the raw model — one loop over one
 KV cache gives all of that without a second forward pass.
 
-A batch is one *packed prefill* (:mod:`genrm_serve.engines.hf_packing`): the prompts go into a
+A batch is one *packed prefill* (:mod:`genrm_serve.engines.hf.packing`): the prompts go into a
 radix tree over token ids, every shared run (a GRPO group's template + question + reference, a
 template common to all groups) is computed once, and the tree's nodes are laid end to end in one
 sequence with no padding; logits are computed only at each row's last prompt token. That one
 forward gives every row its first reply token, so a one-token verdict costs no decode step at
 all. Rows that need more tokens continue from a static KV cache gathered out of the prefill, and
-sampling runs batched on the logits' device (:mod:`genrm_serve.engines.hf_sampling`): per step
+sampling runs batched on the logits' device (:mod:`genrm_serve.engines.hf.sampling`): per step
 only the chosen tokens and their log-probs reach the host.
 
-Memory is bounded by construction, not by free RAM: a batch is split into chunks of at most
-``engine_config.max_batch_size`` rows that hold at most :data:`MAX_BATCH_TOKENS` tokens at once —
-the packed prefill's unique tokens, plus prompt + new tokens of static cache for each row that
-decodes past its first token — taken in prompt order so that a group's rows stay in one chunk.
-transformers' continuous batching is not used: by default it sizes its KV cache from free RAM
-(9.7 GB on the CI machines).
+Memory is bounded by construction, not by free RAM: a batch runs as chunks of rows within a
+token budget (:mod:`genrm_serve.engines.hf.batching` decides which rows go together, in prompt
+order so that a group's rows share one prefill). transformers' continuous batching is not used:
+by default it sizes its KV cache from free RAM (9.7 GB on the CI machines).
 
 Memory on CUDA: ``engine_config.mem_fraction_static`` is the share of the device this engine may
 hold. At start the weights are measured on the host before they go to the device: weights larger
@@ -50,13 +48,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from genrm_client.types import FinishReason
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engines.base import (
     Engine,
@@ -68,16 +64,16 @@ from genrm_serve.engines.base import (
     RequestRefusedError,
     VerdictUnavailableError,
 )
-from genrm_serve.engines.hf_decode_step import DecodeStep
-from genrm_serve.engines.hf_packing import (
+from genrm_serve.engines.hf.batching import Row, split_chunks
+from genrm_serve.engines.hf.decode_step import DecodeStep
+from genrm_serve.engines.hf.packing import (
     DecodeState,
     PackedPlan,
     activate,
     build_plan,
-    common_prefix_len,
     register_attention,
 )
-from genrm_serve.engines.hf_sampling import RowSampling, sample
+from genrm_serve.engines.hf.sampling import RowSampling, sample
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
 from genrm_serve.engines.wake_check import WakeCheck
 from genrm_serve.engines.weights import (
@@ -102,7 +98,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Upper bound on the tokens one engine batch holds at once (see the module docstring).
+#: Upper bound on the tokens one chunk of a batch holds at once (``batching.split_chunks``).
 MAX_BATCH_TOKENS = 65536
 #: A batch decodes through a CUDA graph only when it runs at least this many steps: a capture
 #: costs about two eager steps (``GENRM_HF_CUDA_GRAPHS=0`` turns graphs off).
@@ -119,7 +115,7 @@ def model_bytes(model: Any) -> int:
 
 
 def batch_token_budget(config: Any, dtype: torch.dtype, free_bytes: int) -> int:
-    """Tokens one batch may hold at once (see :func:`_cost`) within ``free_bytes``.
+    """Tokens one batch may hold at once (see ``batching.chunk_cost``) within ``free_bytes``.
 
     Per token: its KV cache over every layer (2 × layers × kv heads × head dim) plus the
     largest activations of one layer's forward (hidden states, q/k/v, the MLP's gate and up
@@ -180,49 +176,6 @@ def _resolve_device(name: str) -> torch.device:
             raise EngineError("engine_config.device='cuda' but no CUDA device is visible")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-@dataclass
-class _Row:
-    request: EngineRequest
-    prompt: list[int]
-    max_new: int
-    #: 32-bit key of this row's sampling noise (the request's seed, or a fresh random one)
-    seed: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    raw_logprobs: list[float] = field(default_factory=list)
-    finish: FinishReason | None = None
-    text: str = ""
-    #: with ``sampling.logprob_verdict``: P("1") / (P("1") + P("0")) at the first reply token
-    verdict_prob: float | None = None
-
-
-def _added_cost(row: _Row, before: _Row | None) -> int:
-    """Tokens ``row`` adds to a chunk of sorted rows whose last row is ``before``: its own part of
-    the packed prefill (a sorted list's radix tree holds each prompt less its common prefix with
-    the prompt before it; runs shorter than ``MIN_SHARED_TOKENS`` repeat, a few tokens more)
-    and, when it decodes on, its static K/V cache of prompt + new tokens."""
-    shared = common_prefix_len(before.prompt, row.prompt) if before is not None else 0
-    cache = len(row.prompt) + row.max_new if row.max_new > 1 else 0
-    return len(row.prompt) - shared + cache
-
-
-def _cost(rows: list[_Row]) -> int:
-    """Tokens a chunk of sorted ``rows`` holds at once (see :func:`_added_cost`)."""
-    return sum(_added_cost(r, rows[i - 1] if i else None) for i, r in enumerate(rows))
-
-
-def _weakest_link(rows: list[_Row], following: _Row) -> int:
-    """Where to cut ``rows`` (then ``following``): in the second half, at the neighbours that
-    share the shortest prefix (the last such place on a tie)."""
-    seq = [*rows, following]
-    best, best_shared = len(rows), None
-    for i in range(len(rows), max(1, len(rows) // 2) - 1, -1):
-        shared = common_prefix_len(seq[i - 1].prompt, seq[i].prompt)
-        if best_shared is None or shared < best_shared:
-            best, best_shared = i, shared
-    return best
 
 
 def _adapter_tensor_names(adapter: Path) -> set[str]:
@@ -393,7 +346,7 @@ class HFEngine(Engine):
         gated MLP) that eager mode runs one by one; compiled, they fuse. One compiled layer serves
         every layer (same code, the weights are inputs), with dynamic shapes, so the first batch
         pays ~15 s once and later shapes do not recompile. The attention is one opaque op in
-        the layer's graph (``hf_packing.packed_attention``), so each layer is a single graph.
+        the layer's graph (``packing.packed_attention``), so each layer is a single graph.
         """
         layers = getattr(getattr(model, "model", None), "layers", None)
         if self.device.type != "cuda" or os.environ.get("GENRM_HF_COMPILE", "1") == "0":
@@ -636,7 +589,7 @@ class HFEngine(Engine):
 
     def _make_row(
         self, request: EngineRequest, prompt: list[int] | RequestRefusedError | None = None
-    ) -> _Row:
+    ) -> Row:
         """A request's row; ``prompt`` is what :meth:`PromptEncoder.checked_many` made of it
         (its token ids, or its refusal) when already encoded."""
         assert self.prompts is not None
@@ -650,7 +603,7 @@ class HFEngine(Engine):
         seed = request.sampling.seed
         if seed is None:
             seed = int(torch.randint(0, 2**32, (1,), generator=self._generator))
-        return _Row(
+        return Row(
             request=request,
             prompt=prompt,
             max_new=self.prompts.max_new_tokens(request, len(prompt), default),
@@ -661,13 +614,13 @@ class HFEngine(Engine):
         t0 = time.monotonic()
         # Every check before any compute; a refused request fails alone, the others run.
         assert self.prompts is not None
-        entries: list[_Row | RequestRefusedError] = []
+        entries: list[Row | RequestRefusedError] = []
         for request, prompt in zip(requests, self.prompts.checked_many(requests), strict=True):
             try:
                 entries.append(self._make_row(request, prompt))
             except RequestRefusedError as err:
                 entries.append(err)
-        rows = [e for e in entries if isinstance(e, _Row)]
+        rows = [e for e in entries if isinstance(e, Row)]
         t1 = time.monotonic()
         self.busy_s["prompts"] += t1 - t0
         if len(entries) == 1 and not rows:
@@ -681,41 +634,21 @@ class HFEngine(Engine):
             self.counters["batches"] += 1
             self.busy_s["compute"] += time.monotonic() - t1
         elapsed = time.monotonic() - t0
+        who = {"route_key": self.spec.route_key, "engine_id": self.engine_id}
         outputs: list[EngineOutput | BaseException] = [
-            self._output(e, elapsed, len(rows)) if isinstance(e, _Row) else e for e in entries
+            e.output(elapsed, self.weight_version, who) if isinstance(e, Row) else e
+            for e in entries
         ]
         if len(rows) < len(entries):
             raise EngineBatchError(outputs)
         return cast(list[EngineOutput], outputs)
 
-    def _chunks(self, rows: list[_Row]) -> list[list[_Row]]:
-        """Sub-batches of at most ``max_batch_size`` rows and :data:`MAX_BATCH_TOKENS` tokens.
-
-        Rows are taken in prompt order, so the rows that share a prefix (a GRPO group) are
-        neighbours; a full chunk is cut, in its second half, where neighbours share the least,
-        so that a group stays in one chunk unless it alone exceeds the budget.
-        """
-        max_rows = self.spec.engine_config.max_batch_size
-        chunks: list[list[_Row]] = []
-        current: list[_Row] = []
-        cost = 0
-        for row in sorted(rows, key=lambda r: r.prompt):
-            while current and (
-                len(current) >= max_rows
-                or cost + _added_cost(row, current[-1]) > self.max_batch_tokens
-            ):
-                cut = _weakest_link(current, row)
-                chunks.append(current[:cut])
-                current = current[cut:]
-                cost = _cost(current)
-            cost += _added_cost(row, current[-1] if current else None)
-            current.append(row)
-        if current:
-            chunks.append(current)
-        return chunks
+    def _chunks(self, rows: list[Row]) -> list[list[Row]]:
+        """``rows`` cut into the chunks this engine runs (its row and token budgets)."""
+        return split_chunks(rows, self.spec.engine_config.max_batch_size, self.max_batch_tokens)
 
     @torch.inference_mode()
-    def _run_chunk(self, rows: list[_Row]) -> None:
+    def _run_chunk(self, rows: list[Row]) -> None:
         """One packed prefill (every row's first token), then batched decoding of the rest."""
         plan = build_plan([r.prompt for r in rows], self.device)
         self.counters["chunks"] += 1
@@ -739,13 +672,13 @@ class HFEngine(Engine):
         self._verdicts(rows, logits)
         for row in rows:
             if row.max_new == 0:
-                row.finish = "length"
+                row.finish_reason = "length"
         live = [i for i, r in enumerate(rows) if r.max_new > 0]
         if live:
             self._decode_rows(rows, live, logits, plan)
         plan.captured = None
 
-    def _verdicts(self, rows: list[_Row], logits: torch.Tensor) -> None:
+    def _verdicts(self, rows: list[Row], logits: torch.Tensor) -> None:
         """P("1") / (P("1") + P("0")) at the first reply position, for the rows that ask."""
         asking = [i for i, r in enumerate(rows) if r.request.sampling.logprob_verdict]
         if not asking:
@@ -765,7 +698,7 @@ class HFEngine(Engine):
         return self.device.type == "cuda" and self.decode_graphs and steps >= GRAPH_MIN_STEPS
 
     def _decode_rows(
-        self, rows: list[_Row], live: list[int], logits: torch.Tensor, plan: PackedPlan
+        self, rows: list[Row], live: list[int], logits: torch.Tensor, plan: PackedPlan
     ) -> None:
         """Sample every live row's tokens until each stops. Finished rows leave the batch; in a
         static decode (a CUDA graph) they stay as dead slots until half the batch is dead."""
@@ -803,9 +736,16 @@ class HFEngine(Engine):
             if any_stop:  # per step, per row in Python: only when a row has stop strings
                 for j, (b, live_j) in enumerate(zip(batch.tolist(), alive.tolist(), strict=True)):
                     if live_j and has_stop[b]:
-                        done[j] |= self._hit_stop(rows[live[b]], tok_h[b, : step + 1])
+                        text = self._decode(tok_h[b, : step + 1].tolist())
+                        done[j] |= rows[live[b]].hits_stop(text)
             for b in batch[done].tolist():
-                self._finish(rows[live[b]], tok_h[b, : step + 1], lp_h[b], raw_h[b])
+                rows[live[b]].finish(
+                    tok_h[b, : step + 1],
+                    lp_h[b],
+                    raw_h[b],
+                    eos_ids=self._eos_ids,
+                    decode=self._decode,
+                )
             dead |= done
             if bool(dead.all()):
                 return
@@ -841,48 +781,3 @@ class HFEngine(Engine):
 
     def _decode(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
-
-    def _hit_stop(self, row: _Row, tokens: torch.Tensor) -> bool:
-        stops = row.request.sampling.stop or []
-        text = self._decode(tokens.tolist())
-        return any(s and s in text for s in stops)
-
-    def _finish(
-        self, row: _Row, tokens: torch.Tensor, logprobs: torch.Tensor, raw: torch.Tensor
-    ) -> None:
-        """Record a finished row: EOS first, then a stop string, else its length ran out."""
-        n = len(tokens)
-        row.tokens = tokens.tolist()
-        row.logprobs = logprobs[:n].tolist()
-        row.raw_logprobs = raw[:n].tolist()
-        if row.tokens[-1] in self._eos_ids:
-            row.finish = "stop"
-            row.text = self._decode(row.tokens[:-1])
-            return
-        text = self._decode(row.tokens)
-        stops = row.request.sampling.stop or []
-        cut = min((i for s in stops if s and (i := text.find(s)) >= 0), default=None)
-        if cut is not None:
-            row.finish, row.text = "stop", text[:cut]
-        else:
-            row.finish, row.text = "length", text
-
-    def _output(self, row: _Row, elapsed: float, batch: int) -> EngineOutput:
-        assert row.finish is not None
-        out = EngineOutput(
-            text=row.text,
-            finish_reason=row.finish,
-            prompt_tokens=len(row.prompt),
-            completion_tokens=len(row.tokens),
-            latency_s=elapsed,
-            weight_version=self.weight_version,
-            extra={"route_key": self.spec.route_key, "engine_id": self.engine_id},
-        )
-        if row.verdict_prob is not None:
-            out.extra["verdict_prob"] = row.verdict_prob
-        if row.request.return_tokens:
-            out.token_ids = list(row.tokens)
-            out.logprobs = list(row.logprobs)
-            out.raw_logprobs = list(row.raw_logprobs)
-            out.extra["prompt_token_ids"] = list(row.prompt)
-        return out

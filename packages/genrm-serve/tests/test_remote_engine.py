@@ -1,4 +1,4 @@
-"""EngineActor: every call to an engine actor has a deadline, a request is cancelled on the actor
+"""RemoteEngine: every call to an engine actor has a deadline, a request is cancelled on the actor
 when its caller gives up, a control call is not, and an actor's death is one typed error."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
+import genrm_serve
 from genrm_client.types import Message, SamplingParams
-from genrm_serve import EngineActor, EngineGoneError
-from genrm_serve.engines import actor as actor_module
+from genrm_serve import EngineGoneError, RemoteEngine
+from genrm_serve.engines import remote as remote_module
 from genrm_serve.engines.base import EngineAsleepError, EngineOutput, EngineRequest
 from genrm_serve.router import error_message
 
@@ -53,12 +54,12 @@ def _request() -> EngineRequest:
 @pytest.fixture
 def cancelled(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     refs: list[Any] = []
-    monkeypatch.setattr(actor_module.ray, "cancel", refs.append)
+    monkeypatch.setattr(remote_module.ray, "cancel", refs.append)
     return refs
 
 
 async def test_a_request_past_its_deadline_is_cancelled_on_the_actor(cancelled: list[Any]) -> None:
-    engine = EngineActor(_Handle(generate_many=5.0), "q/0")
+    engine = RemoteEngine(_Handle(generate_many=5.0), "q/0")
     with pytest.raises(TimeoutError):
         await engine.generate_many([_request()], timeout_s=0.05)
     assert len(cancelled) == 1
@@ -67,7 +68,7 @@ async def test_a_request_past_its_deadline_is_cancelled_on_the_actor(cancelled: 
 async def test_a_request_whose_caller_went_away_is_cancelled_on_the_actor(
     cancelled: list[Any],
 ) -> None:
-    engine = EngineActor(_Handle(generate=5.0), "q/0")
+    engine = RemoteEngine(_Handle(generate=5.0), "q/0")
     task = asyncio.ensure_future(engine.generate(_request(), timeout_s=10))
     await asyncio.sleep(0.01)
     task.cancel()
@@ -78,14 +79,14 @@ async def test_a_request_whose_caller_went_away_is_cancelled_on_the_actor(
 
 async def test_a_control_call_past_its_deadline_is_not_cancelled(cancelled: list[Any]) -> None:
     # cancelling a sleep half-way would leave the engine between awake and asleep
-    engine = EngineActor(_Handle(sleep=5.0), "q/0")
+    engine = RemoteEngine(_Handle(sleep=5.0), "q/0")
     with pytest.raises(TimeoutError):
         await engine.sleep(timeout_s=0.05)
     assert cancelled == []
 
 
 async def test_the_actors_deadline_applies_where_a_call_gives_none() -> None:
-    engine = EngineActor(_Handle(wake=5.0, start=0.2), "rollout-0", timeout_s=0.05)
+    engine = RemoteEngine(_Handle(wake=5.0, start=0.2), "rollout-0", timeout_s=0.05)
     with pytest.raises(TimeoutError):
         await engine.wake()
     # a start keeps its own (long) deadline: loading a model is not an ordinary call
@@ -100,7 +101,7 @@ async def test_the_actors_deadline_applies_where_a_call_gives_none() -> None:
     ],
 )
 async def test_an_actors_death_is_one_typed_error_that_keeps_rays(death: BaseException) -> None:
-    engine = EngineActor(_Handle(check_health=death), "q/1")
+    engine = RemoteEngine(_Handle(check_health=death), "q/1")
     with pytest.raises(EngineGoneError) as info:
         await engine.check_health()
     assert info.value.__cause__ is death and info.value.cause is death
@@ -111,7 +112,7 @@ async def test_an_actors_death_is_one_typed_error_that_keeps_rays(death: BaseExc
 
 async def test_the_engines_own_errors_pass_unchanged() -> None:
     asleep = EngineAsleepError("engine q/0 is asleep (wake it first)")
-    engine = EngineActor(_Handle(generate_many=asleep), "q/0")
+    engine = RemoteEngine(_Handle(generate_many=asleep), "q/0")
     with pytest.raises(EngineAsleepError):
         await engine.generate_many([_request()])
 
@@ -124,10 +125,17 @@ async def test_answers_come_back_typed() -> None:
         check_health=True,
         update_weights=3,
     )
-    engine = EngineActor(handle, "rollout-0")
+    engine = RemoteEngine(handle, "rollout-0")
     assert await engine.generate_many([_request()], return_exceptions=True) == [out]
     assert handle.generate_many.calls[0][1] == {"return_exceptions": True}
     assert await engine.weight_version() == 3
     assert await engine.state() == "awake"
     assert await engine.check_health() is True
     assert await engine.update_weights({"w": 1}, 3) == 3
+
+
+def test_the_old_name_engine_actor_still_imports() -> None:
+    from genrm_serve import EngineActor
+
+    assert EngineActor is RemoteEngine is genrm_serve.EngineActor
+    assert "EngineActor" in genrm_serve.__all__ and "RemoteEngine" in genrm_serve.__all__
