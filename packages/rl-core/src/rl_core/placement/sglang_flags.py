@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from genrm_serve.engines.sglang_args import check_owned_server_args
+from genrm_serve.engines.sglang.launch import check_owned_server_args
 from rl_core.placement.errors import PlacementError
 
 __all__ = ["DETERMINISTIC_KEY", "FLAG_PREFIX", "pop_sglang_overrides", "rollout_server_args"]
