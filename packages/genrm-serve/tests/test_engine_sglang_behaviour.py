@@ -723,24 +723,25 @@ async def test_a_group_s_shared_prompt_is_computed_once(tiny_dir: Path) -> None:
         await engine.shutdown()
 
 
-def test_without_the_warm_up_sglang_would_recompute_every_member(tiny_dir: Path) -> None:
-    """What the fake says of SGLang without our warm-up: the members of a group that arrive
-    together find nothing of each other in the cache (why the warm-up exists)."""
-    fake = FakeSGLangEngine(model_path=str(tiny_dir), context_length=512,
-                            cuda_graph_backend_prefill="disabled")  # fmt: skip
+async def test_without_the_warm_up_every_member_recomputes_its_group_s_run(
+    grouped_engine: Started,
+) -> None:
+    """Why the warm-up exists: the same engine with no run long enough to warm up (a policy
+    whose minimum no run reaches) sends a group's members together, and SGLang, which caches
+    a prompt only once its request finished, gives none of them anything of the others."""
+    engine, fake = grouped_engine
+    engine.warmup_policy = WarmupPolicy(min_tokens=10_000)
+    reqs = _grouped(groups=2, per_group=4, shared=120, own=20)
+    gate = asyncio.Event()
+    fake.gate = gate  # all in flight together, as a batch's members reach SGLang at once
+    batch = asyncio.ensure_future(engine.generate(reqs))
     try:
-        reqs = _grouped(groups=2, per_group=4, shared=120, own=20)
-
-        async def together() -> list[Any]:
-            params = {"max_new_tokens": 1, "temperature": 0.0}
-            calls = [fake.async_generate(input_ids=r.prompt_token_ids, sampling_params=params)
-                     for r in reqs]  # fmt: skip
-            return list(await asyncio.gather(*calls))
-
-        outs = fake.loop.run_until_complete(together())
-        assert sum(o["meta_info"]["cached_tokens"] for o in outs) == 0
+        assert await _until(lambda: fake.in_flight == 8), f"in flight: {fake.in_flight}"
     finally:
-        fake.shutdown()
+        fake.loop.call_soon_threadsafe(gate.set)
+    outs = await asyncio.wait_for(batch, 20)
+    assert len(outs) == 8 and engine.counters["prefix_warmups"] == 0
+    assert engine.counters["cached_prompt_tokens"] == 0
 
 
 @pytest.fixture
