@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import sys
@@ -259,11 +260,9 @@ async def batch_row(
 ) -> None:
     """Our SGLang engine on the whole batch at once, median of ``--repeats`` (prompts of
     ``seed + rep``); each group's members go out when its warm-up finished, the warm-ups in
-    waves of ``PREFIX_WARM_WAVE_TOKENS`` (``tag`` names the setting). Greedy agreement with raw
-    SGLang where ``raw`` has the same prompts. ``first_wave_ms``: the batch's one serial phase,
-    its first wave of warm-ups (later waves run beside members)."""
-    from genrm_serve.engines import sglang as sglang_mod
-
+    waves of ``engine.warmup_policy.wave_tokens`` (``tag`` names the setting). Greedy agreement
+    with raw SGLang where ``raw`` has the same prompts. ``first_wave_ms``: the batch's one serial
+    phase, its first wave of warm-ups (later waves run beside members)."""
     n = args.groups * args.group_size
     times, agree, beyond_tie, first_waves = [], 0, 0, []
     wave = engine._warm_wave
@@ -296,7 +295,7 @@ async def batch_row(
             "greedy_equal_raw": f"{agree}/{n * args.repeats}",
             "greedy_differs_beyond_a_tie": beyond_tie,
         }
-    tokens = sglang_mod.PREFIX_WARM_WAVE_TOKENS
+    tokens = engine.warmup_policy.wave_tokens
     row(
         f"our SGLang engine, the batch at once, warm-ups {tag} (PREFIX_WARM_WAVE_TOKENS={tokens})",
         n,
@@ -312,7 +311,6 @@ async def batch_row(
 async def ours_rows(
     model_dir: Path, args: argparse.Namespace, extra: dict[str, Any], vocab: int, raw: Any
 ) -> None:
-    from genrm_serve.engines import sglang as sglang_mod
     from genrm_serve.engines.sglang import SGLangEngine
     from genrm_serve.engines.worker import EngineWorker
 
@@ -334,12 +332,12 @@ async def ours_rows(
             await engine._thread.call(engine.sgl.stop_profile)
             kernel_summary(where, "our SGLang engine, the batch at once (default)")
         # the same with the warm-ups in waves (fresh prompts: no help from the row above)
-        wave = sglang_mod.PREFIX_WARM_WAVE_TOKENS
-        sglang_mod.PREFIX_WARM_WAVE_TOKENS = WAVES_COMPARED
+        policy = engine.warmup_policy
+        engine.warmup_policy = dataclasses.replace(policy, wave_tokens=WAVES_COMPARED)
         try:
             await batch_row(engine, worker, args, vocab, None, 500, "in waves")
         finally:
-            sglang_mod.PREFIX_WARM_WAVE_TOKENS = wave
+            engine.warmup_policy = policy
         # inline scoring: the samples arrive one by one, spread over the window
         # (one engine here, so the keys change nothing; with several behind the router they
         # keep each group on one engine's radix cache)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import tempfile
 import time
@@ -202,7 +203,6 @@ async def via_rl_core(
 
 
 async def ours(model: Path, extra: dict[str, Any], weight_sync_too: bool = True) -> dict[str, Any]:
-    from genrm_serve.engines import sglang as sglang_mod
     from genrm_serve.engines.sglang import SGLangEngine
     from genrm_serve.engines.worker import EngineWorker
     from rl_core.rollout import RolloutSettings
@@ -233,12 +233,12 @@ async def ours(model: Path, extra: dict[str, Any], weight_sync_too: bool = True)
     record(out)
     # the same with each group's prompt computed ahead (as a judge batch is): what the
     # prefill-bound rule (PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN) saves a rollout
-    ratio = sglang_mod.PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN
-    sglang_mod.PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN = None
+    policy = engine.warmup_policy
+    engine.warmup_policy = dataclasses.replace(policy, max_new_per_prompt_token=None)
     try:
         out["rl_core_rollout_warmed"] = await via_rl_core(engine, tokenizer, settings, (5, 6))
     finally:
-        sglang_mod.PREFIX_WARM_MAX_NEW_PER_PROMPT_TOKEN = ratio
+        engine.warmup_policy = policy
     out["rl_core_rollout_warmed"]["prefix_warmups"] = engine.counters["prefix_warmups"]
     # the worker again, now on an engine as warm as the rl-core rows found it: its first
     # figure comes from the engine's second call, and it moved 0.88-0.96x over three sessions

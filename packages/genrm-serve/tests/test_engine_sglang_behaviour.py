@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ from typing import Any
 import pytest
 
 from genrm_client.types import SamplingParams
+from genrm_serve import limits
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
-from genrm_serve.engines import sglang as sglang_mod
 from genrm_serve.engines import worker as worker_mod
 from genrm_serve.engines.base import (
     EngineBatchError,
@@ -32,15 +31,16 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
 )
 from genrm_serve.engines.sglang import (
-    CHILD_WATCH_S,
     ENGINE_ENV,
     MEMORY_TAGS,
     SGLangEngine,
     SGLangPlacement,
     device_kwargs,
     engine_actor_options,
+    launch,
     sglang_sampling_params,
 )
+from genrm_serve.engines.sglang.prefix_warmup import WarmupPolicy
 from genrm_serve.engines.worker import EngineWorker, create_engine_worker
 from genrm_serve.testing import FakeSGLangEngine, build_tiny_model
 
@@ -101,25 +101,27 @@ async def start(tiny_dir: Path) -> AsyncIterator[Any]:
 
 
 # -- 1. sleep / wake keeps a judge's weights -----------------------------------------------------
-async def test_the_fake_loses_weights_on_resume_without_cpu_backup(tiny_dir: Path) -> None:
-    def run() -> tuple[list[int], list[int]]:
-        fake = FakeSGLangEngine(model_path=str(tiny_dir), context_length=CONTEXT,
-                                enable_memory_saver=True,
-                                cuda_graph_backend_prefill="disabled")  # fmt: skip
-        try:
-            params = {"max_new_tokens": 3, "temperature": 0.0}
-            before = fake.generate(input_ids=[11, 12, 13], sampling_params=params)["output_ids"]
-            while not fake.flush_cache().success:  # the finished request leaves the batch
-                time.sleep(0.01)
-            fake.release_memory_occupation(tags=["weights"])
-            fake.resume_memory_occupation(tags=["weights"])
-            after = fake.generate(input_ids=[11, 12, 13], sampling_params=params)["output_ids"]
-            return before, after
-        finally:
-            fake.shutdown()
+async def test_without_the_cpu_backup_the_same_engine_wakes_on_fresh_weights(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why the engine asks for ``enable_weights_cpu_backup``: the same sleep / wake with the flag
+    taken out of its launch arguments resumes onto fresh pages, and greedy answers change (the
+    wake check, which would fail such a wake, is off to see them: ``test_wake_check.py``)."""
+    monkeypatch.setattr(FakeSGLangEngine, "step_s", 0.0)
+    real_kwargs = launch.sglang_engine_kwargs
 
-    before, after = await asyncio.to_thread(run)
-    assert before != after  # fresh pages after resume: only buffers are restored
+    def without_backup(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {**real_kwargs(*args, **kwargs), "enable_weights_cpu_backup": False}
+
+    monkeypatch.setattr(launch, "sglang_engine_kwargs", without_backup)
+    engine, fake = await start(wake_check=False)
+    before = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
+    await engine.sleep()
+    assert "weights" in fake.offload_tags
+    await engine.wake()
+    after = (await engine.generate([_req(12, temperature=0.0)]))[0].token_ids
+    assert engine.state == "awake" and not fake.offload_tags
+    assert after != before and not fake.weights_valid
 
 
 async def test_sleep_wake_keeps_the_judges_weights(
@@ -156,7 +158,7 @@ async def test_sleep_retries_flush_until_sglang_is_idle(
     start: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(FakeSGLangEngine, "step_s", 0.6)
-    monkeypatch.setattr(sglang_mod, "FLUSH_RETRY_S", 0.2)
+    monkeypatch.setattr(limits, "SGLANG_FLUSH_RETRY_S", 0.2)
     engine, fake = await start()
     await engine.generate([_req(5)])
     await engine.sleep()  # right after a request: it is still in SGLang's running batch
@@ -168,8 +170,8 @@ async def test_sleep_gives_up_after_the_flush_deadline(
     start: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(FakeSGLangEngine, "step_s", 30.0)
-    monkeypatch.setattr(sglang_mod, "FLUSH_DEADLINE_S", 0.3)
-    monkeypatch.setattr(sglang_mod, "FLUSH_RETRY_S", 0.1)
+    monkeypatch.setattr(limits, "SGLANG_FLUSH_DEADLINE_S", 0.3)
+    monkeypatch.setattr(limits, "SGLANG_FLUSH_RETRY_S", 0.1)
     engine, fake = await start()
     await engine.generate([_req(5)])
     with pytest.raises(EngineError, match="flush_cache still failing"):
@@ -298,7 +300,7 @@ async def test_a_two_gpu_engine_drives_its_bundles_gpus(
     start: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
-    monkeypatch.setattr(sglang_mod, "_assigned_gpus", lambda: [6])  # its first bundle
+    monkeypatch.setattr(launch, "_assigned_gpus", lambda: [6])  # its first bundle
     _engine, fake = await start(per_engine=2, mem_fraction_static=0.4)
     assert (fake.server_args["base_gpu_id"], fake.server_args["gpu_id_step"]) == (6, 1)
     assert fake.devices == [6, 7] and fake.server_args["tp_size"] == 2
@@ -370,7 +372,7 @@ def test_ray_starts_an_sglang_engine_actor_with_its_options(tiny_dir: Path) -> N
 async def test_health_probe_catches_a_hung_sglang(
     start: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sglang_mod, "HEALTH_PROBE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(limits, "SGLANG_PROBE_TIMEOUT_S", 0.3)
     engine, fake = await start()
     await engine.check_health()  # probes: answers
     fake.hang = True
@@ -511,7 +513,7 @@ async def test_starts_where_sglang_s_breakable_prefill_graphs_refuse_the_memory_
     start: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     # 0.5.17's default prefill graphs ("breakable") kill the scheduler under the memory saver
-    with caplog.at_level(logging.INFO, logger="genrm_serve.engines.sglang_args"):
+    with caplog.at_level(logging.INFO, logger="genrm_serve.engines.sglang.launch"):
         engine, fake = await start()
     assert engine.state == "awake"
     assert fake.server_args["cuda_graph_backend_prefill"] == "disabled"
@@ -682,7 +684,8 @@ async def test_shutting_down_one_engine_leaves_another_in_the_process_serving(
     first, _ = await start()
     second, _ = await start()
     await second.shutdown()
-    await asyncio.sleep(CHILD_WATCH_S * 1.5)  # the first's child watch would see a death
+    watch_s = limits.SGLANG_CHILD_WATCH_S
+    await asyncio.sleep(watch_s * 1.5)  # the first's child watch would see a death
     assert first.state == "awake"
     out = (await first.generate([_req(20, temperature=0.0)]))[0]
     assert out.completion_tokens > 0
@@ -720,24 +723,25 @@ async def test_a_group_s_shared_prompt_is_computed_once(tiny_dir: Path) -> None:
         await engine.shutdown()
 
 
-def test_without_the_warm_up_sglang_would_recompute_every_member(tiny_dir: Path) -> None:
-    """What the fake says of SGLang without our warm-up: the members of a group that arrive
-    together find nothing of each other in the cache (why the warm-up exists)."""
-    fake = FakeSGLangEngine(model_path=str(tiny_dir), context_length=512,
-                            cuda_graph_backend_prefill="disabled")  # fmt: skip
+async def test_without_the_warm_up_every_member_recomputes_its_group_s_run(
+    grouped_engine: Started,
+) -> None:
+    """Why the warm-up exists: the same engine with no run long enough to warm up (a policy
+    whose minimum no run reaches) sends a group's members together, and SGLang, which caches
+    a prompt only once its request finished, gives none of them anything of the others."""
+    engine, fake = grouped_engine
+    engine.warmup_policy = WarmupPolicy(min_tokens=10_000)
+    reqs = _grouped(groups=2, per_group=4, shared=120, own=20)
+    gate = asyncio.Event()
+    fake.gate = gate  # all in flight together, as a batch's members reach SGLang at once
+    batch = asyncio.ensure_future(engine.generate(reqs))
     try:
-        reqs = _grouped(groups=2, per_group=4, shared=120, own=20)
-
-        async def together() -> list[Any]:
-            params = {"max_new_tokens": 1, "temperature": 0.0}
-            calls = [fake.async_generate(input_ids=r.prompt_token_ids, sampling_params=params)
-                     for r in reqs]  # fmt: skip
-            return list(await asyncio.gather(*calls))
-
-        outs = fake.loop.run_until_complete(together())
-        assert sum(o["meta_info"]["cached_tokens"] for o in outs) == 0
+        assert await _until(lambda: fake.in_flight == 8), f"in flight: {fake.in_flight}"
     finally:
-        fake.shutdown()
+        fake.loop.call_soon_threadsafe(gate.set)
+    outs = await asyncio.wait_for(batch, 20)
+    assert len(outs) == 8 and engine.counters["prefix_warmups"] == 0
+    assert engine.counters["cached_prompt_tokens"] == 0
 
 
 @pytest.fixture
@@ -802,14 +806,12 @@ async def test_a_group_s_members_go_out_when_its_own_warm_up_finished(
     assert engine.counters["cached_prompt_tokens"] == 8 * 120
 
 
-async def test_warm_ups_go_out_in_waves(
-    grouped_engine: Started, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_warm_ups_go_out_in_waves(grouped_engine: Started) -> None:
     """Two runs of 120 a wave: the second wave's warm-ups reach SGLang only after the first
     wave's finished (beside the first groups' members), and every member still finds its run
     in the cache."""
-    monkeypatch.setattr(sglang_mod, "PREFIX_WARM_WAVE_TOKENS", 250)
     engine, fake = grouped_engine
+    engine.warmup_policy = WarmupPolicy(wave_tokens=250)
     reqs = _grouped(groups=4, per_group=4, shared=120, own=20)
     heads = _heads(reqs, 4, 120)
     outs = await asyncio.wait_for(engine.generate(reqs), 20)
@@ -841,19 +843,6 @@ async def test_a_rollout_s_samples_go_out_at_once_and_a_judge_s_are_warmed(
         r.prompt_token_ids = [21, *list(r.prompt_token_ids or [])[1:]]  # a new prompt: uncached
     await asyncio.wait_for(engine.generate(judge), 20)
     assert engine.counters["prefix_warmups"] == 1
-
-
-def test_warm_waves_split_by_tokens() -> None:
-    runs = [[1] * 100, [2] * 100, [3] * 300, [4] * 50]
-    assert sglang_mod.warm_waves(runs, 250) == [[0, 1], [2], [3]]
-    assert sglang_mod.warm_waves(runs, None) == sglang_mod.warm_waves(runs, 0) == [[0, 1, 2, 3]]
-    assert sglang_mod.warm_waves([], 250) == sglang_mod.warm_waves([], None) == []
-
-
-def test_each_prompt_joins_the_longest_run_it_starts_with() -> None:
-    runs = [[1, 2], [1, 2, 3], [4]]
-    prompts = [[1, 2, 3, 9], [1, 2, 8], [4, 4], [5], [1]]
-    assert sglang_mod.run_of_each(prompts, runs) == [1, 0, 2, None, None]
 
 
 async def test_a_failed_warm_up_still_lets_its_members_through(grouped_engine: Started) -> None:
@@ -981,8 +970,9 @@ async def test_a_follower_waits_no_longer_than_the_follow_limit(
     grouped_engine: Started, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A leader still running (a thinking judge decoding) holds its followers at most
-    ``FOLLOW_WAIT_S``: SGLang caches a running request's prompt, so they go out then."""
-    monkeypatch.setattr(sglang_mod, "FOLLOW_WAIT_S", 0.2)
+    ``limits.SGLANG_FOLLOW_WAIT_S``: SGLang caches a running request's prompt, so they go out
+    then."""
+    monkeypatch.setattr(limits, "SGLANG_FOLLOW_WAIT_S", 0.2)
     engine, _fake = grouped_engine
     reqs = _keyed(_grouped(groups=1, per_group=2, shared=120, own=20), 2)
     async with _held(grouped_engine, reqs[0]):

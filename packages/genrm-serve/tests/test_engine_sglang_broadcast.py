@@ -14,6 +14,7 @@ import torch
 from genrm_serve.config import EngineConfig, InstanceSpec
 from genrm_serve.engines.base import EngineAsleepError, EngineError
 from genrm_serve.engines.sglang import SGLangEngine
+from genrm_serve.engines.sglang.weights import distributed_bucket_request
 from genrm_serve.engines.weights import (
     WEIGHT_GROUP_NAME,
     WeightBroadcastGroup,
@@ -50,10 +51,10 @@ def _named(tiny_dir: Path) -> dict[str, torch.Tensor]:
 async def test_joins_the_group_as_one_rank_per_tp_rank(
     tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from genrm_serve.engines import sglang as sglang_mod
+    from genrm_serve.engines.sglang import launch
 
     monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
-    monkeypatch.setattr(sglang_mod, "_assigned_gpus", lambda: [0])
+    monkeypatch.setattr(launch, "_assigned_gpus", lambda: [0])
     engine = _engine(tiny_dir, per_engine=2)
     await engine.start()
     fake: FakeSGLangEngine = engine.sgl
@@ -168,24 +169,48 @@ def test_the_group_store_nests_prefixes_as_sglangs_side() -> None:
     assert nested.get("k") == b"v"
 
 
-def test_the_fake_asserts_a_group_before_a_receive(tiny_dir: Path) -> None:
-    """SGLang's receiver asserts that the group exists (outside its try)."""
-    fake = FakeSGLangEngine(model_path=str(tiny_dir))
+async def test_a_receive_without_a_joined_group_never_reaches_sglang(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's receiver asserts that its group exists, outside its try (the scheduler dies of
+    it): the engine refuses a receive before any join, and after a join SGLang answered
+    ``(False, message)`` to, without calling the receiver; once joined, the receive names the
+    group SGLang joined."""
+    engine = _engine(tiny_dir)
+    await engine.start()
+    fake: FakeSGLangEngine = engine.sgl
+    buckets = plan_buckets([("w", torch.zeros(2))], dtype=torch.bfloat16)
     try:
-        with pytest.raises(AssertionError, match="init_weights_update_group"):
-            fake.update_weights_from_distributed(["w"], ["bfloat16"], [[2]], group_name="x")
-        assert fake.init_weights_update_group("h", 1, 1, 2, "x") == (
-            True,
-            "Succeeded to initialize custom process group.",
-        )
-        ok, _ = fake.update_weights_from_distributed(
-            ["a", "b"], ["bfloat16", "bfloat16"], [[2, 3], [4]], group_name="x"
-        )
-        assert ok and fake.distributed_updates[-1]["received"] == [
-            ("bfloat16", 6),
-            ("bfloat16", 4),
-        ]
-        assert fake.destroy_weights_update_group("x")[0]
-        assert not fake.destroy_weights_update_group("x")[0]
+        with pytest.raises(EngineError, match="no weight group"):
+            await engine.update_weights_from_broadcast(buckets, 1)
+        refused = (False, "Failed to initialize custom process group: timed out")
+        monkeypatch.setattr(fake, "init_weights_update_group", lambda **_: refused)
+        with pytest.raises(EngineError, match="init_weights_update_group failed: Failed"):
+            await engine.init_weight_group("127.0.0.1", 29555, 1, 2, "nccl")
+        with pytest.raises(EngineError, match="no weight group"):
+            await engine.update_weights_from_broadcast(buckets, 1)
+        assert "update_weights_from_distributed" not in fake.calls
+        assert engine.weight_version == 0
+        monkeypatch.undo()
+        await engine.init_weight_group("127.0.0.1", 29555, 1, 2, "nccl")
+        await engine.update_weights_from_broadcast(buckets, 1)
+        (update,) = fake.distributed_updates
+        assert update["group_name"] == WEIGHT_GROUP_NAME and engine.weight_version == 1
     finally:
-        fake.shutdown()
+        await engine.shutdown()
+
+
+def test_a_bucket_is_asked_for_as_one_flattened_receive() -> None:
+    """Without ``load_format="flattened_bucket"`` SGLang's receiver posts one broadcast per
+    tensor, which the trainer does not send: every request names it."""
+    (bucket,) = plan_buckets(
+        [("a", torch.zeros(2, 3)), ("b", torch.zeros(4))], dtype=torch.bfloat16
+    )
+    assert distributed_bucket_request(bucket, "g", flush_cache=True) == {
+        "names": ["a", "b"],
+        "dtypes": ["bfloat16", "bfloat16"],
+        "shapes": [[2, 3], [4]],
+        "group_name": "g",
+        "flush_cache": True,
+        "load_format": "flattened_bucket",
+    }

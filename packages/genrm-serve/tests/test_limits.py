@@ -18,6 +18,8 @@ from genrm_serve.serve_args import ServeArgs
         pytest.param("ENGINE_START_TIMEOUT_S", "MODEL_LOCK_TIMEOUT_S", id="start>model-lock"),
         pytest.param("WEIGHT_UPDATE_TIMEOUT_S", "WEIGHT_GROUP_TIMEOUT_S", id="update>group"),
         pytest.param("SLEEP_TIMEOUT_S", "DRAIN_TIMEOUT_S", id="sleep>drain"),
+        pytest.param("SLEEP_TIMEOUT_S", "SGLANG_FLUSH_DEADLINE_S", id="sleep>sglang-flush"),
+        pytest.param("PROBE_TIMEOUT_S", "SGLANG_PROBE_TIMEOUT_S", id="probe>sglang-probe"),
     ],
 )
 def test_an_outer_wait_is_longer_than_the_one_it_holds(outer: str, inner: str) -> None:

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from genrm_serve.config import EngineConfig, InstanceSpec
-from genrm_serve.engines import sglang as sglang_mod
 from genrm_serve.engines.base import EngineError
 from genrm_serve.engines.hf import HFEngine
-from genrm_serve.engines.sglang import SGLangEngine
+from genrm_serve.engines.sglang import SGLangEngine, launch
 from genrm_serve.engines.wake_check import LOGPROB_TOLERANCE, PROBE_TOKENS, probe_token_ids
 from genrm_serve.testing import FakeSGLangEngine, build_tiny_model
 
@@ -183,12 +182,12 @@ async def test_sglang_wake_that_loses_the_weights_fails_the_engine(
     """SGLang without a CPU backup of the weights resumes onto fresh pages: the check sees it."""
     monkeypatch.setattr(FakeSGLangEngine, "step_s", 0.0)
     # what a sleep without a weight backup would do (the engine always asks for the backup)
-    real_kwargs = sglang_mod.sglang_engine_kwargs
+    real_kwargs = launch.sglang_engine_kwargs
 
     def without_backup(*args: Any, **kwargs: Any) -> dict[str, Any]:
         return {**real_kwargs(*args, **kwargs), "enable_weights_cpu_backup": False}
 
-    monkeypatch.setattr(sglang_mod, "sglang_engine_kwargs", without_backup)
+    monkeypatch.setattr(launch, "sglang_engine_kwargs", without_backup)
     engine, fake = await start()
     await engine.sleep()
     with pytest.raises(EngineError, match="wake check failed") as err:

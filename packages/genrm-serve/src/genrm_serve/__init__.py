@@ -48,7 +48,7 @@ _EXPORTS: dict[str, str] = {
     "RemoteEngine": "genrm_serve.engines.remote",
     "EngineWorker": "genrm_serve.engines.worker",
     "create_engine_worker": "genrm_serve.engines.worker",
-    "check_owned_server_args": "genrm_serve.engines.sglang_args",
+    "check_owned_server_args": "genrm_serve.engines.sglang.launch",
     # moving weights: host buffers, buckets, CUDA IPC, a broadcast group
     "DEFAULT_BUCKET_BYTES": "genrm_serve.engines.weights",
     "BucketMeta": "genrm_serve.engines.weights",
@@ -175,7 +175,7 @@ if TYPE_CHECKING:  # the names as type checkers see them
         engine_id_for,
     )
     from genrm_serve.engines.remote import EngineGoneError, RemoteEngine
-    from genrm_serve.engines.sglang_args import check_owned_server_args
+    from genrm_serve.engines.sglang.launch import check_owned_server_args
     from genrm_serve.engines.weights import (
         DEFAULT_BUCKET_BYTES,
         BucketMeta,

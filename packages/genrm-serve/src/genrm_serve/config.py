@@ -118,13 +118,13 @@ class EngineConfig(BaseModel):
     #: sglang: more ``sgl.Engine`` server arguments, passed as given (attention backend, CUDA
     #: graphs, chunked prefill …). Keys GenRM sets itself are refused here, naming our setting;
     #: keys the installed SGLang does not know are refused when the engine starts, before the
-    #: model loads (``engines/sglang_args.py``).
+    #: model loads (``engines/sglang/launch.py``).
     server_args: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("server_args")
     @classmethod
     def _server_args_not_ours(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from genrm_serve.engines.sglang_args import check_owned_server_args
+        from genrm_serve.engines.sglang.launch import check_owned_server_args
 
         check_owned_server_args("engine_config", value)
         return value

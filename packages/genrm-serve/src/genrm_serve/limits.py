@@ -35,6 +35,31 @@ RESTART_BACKOFF_MAX_S: Final = 30.0
 #: How long a process waits for another's conversion of the embedded model.
 MODEL_LOCK_TIMEOUT_S: Final = 900.0
 
+# ---- the SGLang engine (``engines/sglang``) ------------------------------------------------------
+
+#: Longest ``sleep()`` retries SGLang's ``flush_cache`` while it still has requests (slime:
+#: 60 x 1 s), and the pause between two tries. Inside :data:`SLEEP_TIMEOUT_S`, with the drain.
+SGLANG_FLUSH_DEADLINE_S: Final = 60.0
+SGLANG_FLUSH_RETRY_S: Final = 0.5
+#: The SGLang engine's own health probe (one generated token), and the window in which an output
+#: that arrived spares it. Shorter than :data:`PROBE_TIMEOUT_S` on purpose, not the same value:
+#: the worker's deadline holds this one, so the engine's error ("SGLang is hung or overloaded")
+#: arrives first instead of the worker's bare timeout.
+SGLANG_PROBE_TIMEOUT_S: Final = 5.0
+#: How often the engine looks whether one of SGLang's child processes has exited.
+SGLANG_CHILD_WATCH_S: Final = 1.0
+#: The longest a request waits for the request of its group that is computing their shared run
+#: (``engines/sglang/prefix_warmup.py``). A judge's prompt of a few hundred tokens is prefilled in
+#: tens of ms; a leader still running after this is decoding (a thinking judge), and SGLang has
+#: its prompt in the radix cache by then (0.5.17 caches a request's prompt once its prefill is
+#: done: ``batch_result_processor.py``, ``maybe_cache_unfinished_req``).
+SGLANG_FOLLOW_WAIT_S: Final = 0.5
+#: How long a shutdown waits for one engine's killed processes to be reaped (SGLang's own).
+SGLANG_SHUTDOWN_REAP_S: Final = 60.0
+#: A child that dies while SGLang starts writes its traceback just before it exits: how long the
+#: start's error waits for that text to reach the stderr tail (``engines/sglang/process.py``).
+SGLANG_STDERR_SETTLE_S: Final = 0.5
+
 # ---- weights ---------------------------------------------------------------------------------
 
 #: One weight update of an engine, any transport (a caller may give its own: rl-core does).

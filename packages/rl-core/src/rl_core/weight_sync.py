@@ -1,7 +1,7 @@
 """How the policy's weights reach the rollout engines after a step, chosen from the plan.
 
 - ``ipc`` — colocate on GPUs, hf or SGLang rollout engines, each engine on a bundle of an actor
-  rank (SGLang's scheduler maps the buckets itself, ``genrm_serve/engines/sglang_weights.py``): flat
+  rank (SGLang's scheduler maps the buckets itself, ``genrm_serve/engines/sglang/weights.py``): flat
   bf16 buckets on the GPU, shared through CUDA IPC by the actor rank on the engine's GPU, one
   bucket at a time (extra device memory: one bucket).
 - ``broadcast`` — fully-async on GPUs, hf or SGLang rollout engines: flat bf16 buckets broadcast
