@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from genrm_client.types import Message, SamplingParams
-from genrm_serve.affinity import affinity_slack, home_of
+from genrm_serve.router.policy import affinity_slack, home_of
 from genrm_serve.config import EngineConfig, InstanceSpec
 from genrm_serve.engine_refs import EngineRef
 from genrm_serve.engines.base import EngineRequest

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from genrm_serve.affinity import affinity_slack, home_of
+from genrm_serve.router.policy import affinity_slack, home_of
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engine_refs import EngineRef
 from genrm_serve.engines.actor import EngineActor, EngineGoneError
@@ -51,7 +51,8 @@ from genrm_serve.errors import ServiceError
 
 __all__ = ["EngineSlot", "InstanceRouter", "SlotState", "error_message"]
 
-logger = logging.getLogger(__name__)
+#: The name its log lines have always carried (``%(name)s``), not this module's.
+logger = logging.getLogger("genrm_serve.router")
 
 #: pending: no actor yet (being created, or waiting out the restart back-off); starting: the
 #: actor exists and loads its model; healthy: serving; unhealthy: a probe failed; dead: the
