@@ -34,7 +34,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from genrm_serve.router.policy import affinity_slack, home_of
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engine_refs import EngineRef
 from genrm_serve.engines.actor import EngineActor, EngineGoneError
@@ -48,6 +47,7 @@ from genrm_serve.engines.base import (
     engine_id_for,
 )
 from genrm_serve.errors import ServiceError
+from genrm_serve.router.policy import Choice, affinity_slack, choose_engine, serving_home
 
 __all__ = ["EngineSlot", "InstanceRouter", "SlotState", "error_message"]
 
@@ -296,50 +296,24 @@ class InstanceRouter:
                 share=self.max_queued,
             )
 
-    def _home(self, key: str, exclude: frozenset[str]) -> EngineSlot | None:
-        """The engine ``key`` belongs to among those serving now (rendezvous hashing)."""
-        return home_of(key, (s for s in self.slots if s.healthy and s.engine_id not in exclude))
+    def _pick(
+        self, n: int, exclude: frozenset[str], key: str | None = None
+    ) -> Choice[EngineSlot] | None:
+        """Where ``n`` requests go now (``policy.choose_engine``), None while none has room."""
+        return choose_engine(
+            self.slots,
+            n,
+            key,
+            inflight_limit=self.inflight_limit,
+            slack=self.affinity_slack,
+            exclude=exclude,
+            start=self._rr,
+        )
 
-    def _pick(self, n: int, exclude: frozenset[str], key: str | None = None) -> EngineSlot | None:
-        """The least-loaded engine with room for ``n`` more; with a ``key``, the key's home
-        instead while it has room and holds at most ``affinity_slack`` more than that one."""
-        best = self._least_loaded(n, exclude)
-        if best is None or key is None:
-            return best
-        home = self._home(key, exclude)
-        if (
-            home is not None
-            and self._has_room(home, n)
-            and home.in_flight <= best.in_flight + self.affinity_slack
-        ):
-            return home
-        return best
-
-    def _has_room(self, slot: EngineSlot, n: int) -> bool:
-        return slot.in_flight + n <= self.inflight_limit or slot.in_flight == 0
-
-    def _least_loaded(self, n: int, exclude: frozenset[str]) -> EngineSlot | None:
-        best: EngineSlot | None = None
-        count = len(self.slots)
-        for i in range(count):
-            slot = self.slots[(self._rr + i) % count]
-            if not slot.healthy or slot.engine_id in exclude:
-                continue
-            if not self._has_room(slot, n):
-                continue
-            if best is None or slot.in_flight < best.in_flight:
-                best = slot
-        return best
-
-    def _take(
-        self,
-        slot: EngineSlot,
-        n: int,
-        key: str | None = None,
-        exclude: frozenset[str] = frozenset(),
-    ) -> None:
-        if key is not None:
-            if slot is self._home(key, exclude):
+    def _take(self, choice: Choice[EngineSlot], n: int) -> EngineSlot:
+        slot = choice.engine
+        if choice.home is not None:
+            if choice.home:
                 self.affinity_home += n
             else:
                 self.affinity_spilled += n
@@ -347,6 +321,7 @@ class InstanceRouter:
         self._idle.clear()
         # Ties go round-robin: the next search starts after the engine just chosen.
         self._rr = (self.slots.index(slot) + 1) % len(self.slots)
+        return slot
 
     def _dispatch(self) -> None:
         while self._waiters:
@@ -362,12 +337,11 @@ class InstanceRouter:
                 self._waiters.popleft()
                 waiter.future.set_exception(self._no_engine_error(waiter.exclude))
                 continue
-            slot = self._pick(waiter.n, waiter.exclude, waiter.key)
-            if slot is None:
+            choice = self._pick(waiter.n, waiter.exclude, waiter.key)
+            if choice is None:
                 return
             self._waiters.popleft()
-            self._take(slot, waiter.n, waiter.key, waiter.exclude)
-            waiter.future.set_result(slot)
+            waiter.future.set_result(self._take(choice, waiter.n))
 
     def _can_serve(self, exclude: frozenset[str]) -> bool:
         """Some engine serves now, or will once re-created: a request waits for it (within its
@@ -402,14 +376,14 @@ class InstanceRouter:
         deadline: float | None = None,
     ) -> EngineSlot:
         """Reserve ``n`` request slots on the least-loaded healthy engine (or ``key``'s home,
-        see ``_pick``), waiting in line until ``deadline`` (default: a request arriving now)."""
+        see ``policy.choose_engine``), waiting in line until ``deadline`` (default: a request
+        arriving now)."""
         if self._refusing:
             raise ServiceError.asleep(self.route_key)
         if not self._waiters:
-            slot = self._pick(n, exclude, key)
-            if slot is not None:
-                self._take(slot, n, key, exclude)
-                return slot
+            choice = self._pick(n, exclude, key)
+            if choice is not None:
+                return self._take(choice, n)
         if not self._can_serve(exclude):
             raise self._no_engine_error(exclude)
         what = "no engine slot freed up in time"
@@ -653,7 +627,7 @@ class InstanceRouter:
         order = {s.engine_id: k for k, s in enumerate(self.slots)}
         homes: dict[str, int] = {}
         for key in by_key:
-            home = self._home(key, frozenset())
+            home = serving_home(key, self.slots)
             homes[key] = order[home.engine_id] if home is not None else -1
         chunks: list[list[int]] = []
         current: list[int] = []
