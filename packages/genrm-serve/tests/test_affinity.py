@@ -15,6 +15,7 @@ from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.worker import EngineWorker
 from genrm_serve.metrics import ServiceMetrics
 from genrm_serve.router import EngineSlot, InstanceRouter
+from genrm_serve.router.chunking import chunk_by_key
 from genrm_serve.router.policy import affinity_slack, serving_home
 
 
@@ -218,7 +219,7 @@ async def test_a_batch_keeps_each_group_in_one_engine_call_on_its_home() -> None
                 assert slot is homes[g]  # every member of a group on the group's home
         calls = [size for w in r.slots for size in w.handle.calls]
         assert sum(calls) == len(requests) and max(calls) <= 8
-        chunks = r._chunks(requests)
+        chunks = chunk_by_key([q.prefix_key for q in requests], r.slots, 8)
         for chunk in chunks:  # no group cut in two: groups of 4 fit a batch of 8
             keys = {requests[i].prefix_key for i in chunk}
             for key in keys - {None}:
@@ -231,8 +232,7 @@ async def test_a_batch_keeps_each_group_in_one_engine_call_on_its_home() -> None
 
 
 def test_a_group_larger_than_a_batch_is_cut_only_at_the_batch_size() -> None:
-    r = _router(engines=2, max_batch_size=4)
-    requests = [_request(str(i), "big") for i in range(10)] + [_request("x", None)]
-    assert r._chunks(requests) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10]]
-    plain = [_request(str(i), None) for i in range(6)]
-    assert r._chunks(plain) == [[0, 1, 2, 3], [4, 5]]  # no keys: in order, as before
+    r = _router(engines=2)
+    keys = ["big"] * 10 + [None]
+    assert chunk_by_key(keys, r.slots, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10]]
+    assert chunk_by_key([None] * 6, r.slots, 4) == [[0, 1, 2, 3], [4, 5]]  # no keys: in order

@@ -482,9 +482,15 @@ async def test_concurrent_single_requests_go_to_the_engine_as_one_call() -> None
     assert isinstance(verdict, ServiceError) and verdict.status == 422
     out, slot = await r.generate(_requests("d")[0])
     assert out.text == "D" and slot is r.slots[0] and engine.sizes == [5, 1]
-    r.max_batch = 2  # never more per call than one engine batch holds
+    assert r.in_flight == 0
+    # never more per call than one engine batch holds
+    spec = _spec("q", 1, max_queued_requests=64, max_batch_size=2)
+    slot = EngineSlot(route_key="q", index=0, ref=EngineRef(), state="healthy")
+    r = InstanceRouter(spec, [slot], inflight_limit=64, request_timeout_s=5.0)
+    engine = _Batches(_answer)
+    slot.handle = engine
     await asyncio.gather(*(r.generate(req) for req in _requests("e", "f", "g", "h", "i")))
-    assert engine.sizes == [5, 1, 2, 2, 1]
+    assert engine.sizes == [2, 2, 1]
     assert r.in_flight == 0
 
 
