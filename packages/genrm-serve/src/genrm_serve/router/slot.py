@@ -31,7 +31,6 @@ class EngineSlot:
     route_key: str
     index: int
     ref: EngineRef
-    handle: Any = None
     state: SlotState = "pending"
     in_flight: int = 0
     detail: str | None = "not started yet"
@@ -45,7 +44,8 @@ class EngineSlot:
     #: Has been healthy once: a later outage is a restart, which requests wait out.
     served: bool = False
     job: asyncio.Task[None] | None = field(default=None, repr=False)
-    _actor: EngineActor | None = field(default=None, repr=False)
+    #: The face every call to the engine actor goes through; None while there is no actor.
+    _actor: EngineActor | None = field(default=None, init=False, repr=False)
 
     @property
     def engine_id(self) -> str:
@@ -53,10 +53,20 @@ class EngineSlot:
 
     @property
     def actor(self) -> EngineActor:
-        """Every call to this slot's engine actor goes through it (one per actor handle)."""
-        if self._actor is None or self._actor.handle is not self.handle:
-            self._actor = EngineActor(self.handle, self.engine_id)
+        """Every call to this slot's engine actor goes through it."""
+        if self._actor is None:
+            raise RuntimeError(f"engine {self.engine_id} has no actor now")
         return self._actor
+
+    @property
+    def handle(self) -> Any:
+        """The Ray actor handle (to kill the actor), None while there is none. Setting it gives
+        the slot that actor: its face is made once, here."""
+        return None if self._actor is None else self._actor.handle
+
+    @handle.setter
+    def handle(self, handle: Any) -> None:
+        self._actor = None if handle is None else EngineActor(handle, self.engine_id)
 
     @property
     def healthy(self) -> bool:
