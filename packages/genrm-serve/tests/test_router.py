@@ -1,7 +1,10 @@
-"""The service's pure parts: health bodies, admission and least-loaded choice, request mapping.
+"""The instance router without Ray: admission (429 / 503), the wait for an engine slot, one
+deadline per request, failover to another engine, batches and coalesced single requests.
 
-No Ray here: routers are built over engine slots without actors, which is all that admission,
-engine choice and health need (they read slot state, never call an engine).
+Routers are built over engine slots; where a test needs an engine it is a small double of the
+actor-call shape (``handle.generate_many.remote(...)``), never a Ray actor. Which engine is
+chosen, on plain data, is ``test_router_policy.py``; prefix affinity through the router and real
+engine workers is ``test_affinity.py``.
 """
 
 from __future__ import annotations
@@ -12,10 +15,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from genrm_client.types import DEFAULT_ROUTE_KEY, Message, SamplingParams
-from genrm_serve.app import _max_ongoing, build_app, wait_until_healthy
-from genrm_serve.config import GenRMConfigError, InstanceSpec, build_instances
-from genrm_serve.engine_refs import EngineRef, instance_bundles, normalize_engines
+from genrm_client.types import Message, SamplingParams
+from genrm_serve.config import InstanceSpec, build_instances
+from genrm_serve.engine_refs import EngineRef
 from genrm_serve.engines.base import (
     EngineError,
     EngineOutput,
@@ -25,11 +27,7 @@ from genrm_serve.engines.base import (
 )
 from genrm_serve.errors import ServiceError
 from genrm_serve.health import health_report
-from genrm_serve.ingress import _sampling
-from genrm_serve.openai_compat import ChatCompletionRequest
 from genrm_serve.router import EngineSlot, InstanceRouter
-from genrm_serve.serve_args import ServeArgs
-from genrm_serve.testing import free_port
 
 
 def _spec(key: str = "q", num_gpus: int = 2, **engine_config: int) -> InstanceSpec:
@@ -47,36 +45,20 @@ def _router(key: str = "q", engines: int = 2, limit: int = 2, queue: int = 3) ->
     return InstanceRouter(spec, slots, inflight_limit=limit, request_timeout_s=5.0)
 
 
-# ---- health ----------------------------------------------------------------------------------
+# ---- the slot and its engine's face -----------------------------------------------------------
 
 
-def test_health_body_with_one_healthy_instance_is_exact() -> None:
-    assert health_report({"q": _router()}) == (200, {"status": "healthy", "service": "genrm"})
-
-
-def test_health_body_with_several_instances_lists_them() -> None:
-    status, body = health_report({"a": _router("a"), "b": _router("b")})
-    assert status == 200
-    assert body["instances"] == {"a": {"status": "healthy"}, "b": {"status": "healthy"}}
-
-
-def test_one_engine_down_is_503_degraded_with_detail() -> None:
-    r = _router()
-    r.set_state(r.slots[1], "dead", "actor died: boom")
-    status, body = health_report({"q": r})
-    assert status == 503
-    assert body["status"] == "unhealthy"
-    q = body["instances"]["q"]
-    assert q["status"] == "degraded" and q["engines_healthy"] == 1 and q["engines_total"] == 2
-    assert "q/1: dead (actor died: boom)" in q["detail"]
-
-
-def test_an_asleep_instance_is_healthy_but_says_so() -> None:
-    r = _router()
-    r.asleep = True
-    status, body = health_report({"q": r})
-    assert status == 200
-    assert body["instances"]["q"]["status"] == "asleep"
+def test_a_slot_makes_its_engines_face_once_per_actor() -> None:
+    slot = EngineSlot(route_key="q", index=1, ref=EngineRef())
+    assert slot.handle is None
+    with pytest.raises(RuntimeError, match="q/1 has no actor"):
+        _ = slot.actor
+    handle = object()
+    slot.handle = handle  # the supervisor gives the slot an actor
+    face = slot.actor
+    assert face is slot.actor and face.handle is handle and face.engine_id == "q/1"
+    slot.handle = None  # and takes it away (a re-creation)
+    assert slot.handle is None
 
 
 # ---- admission and engine choice -------------------------------------------------------------
@@ -223,86 +205,6 @@ def test_asleep_instance_refuses_with_503() -> None:
     assert (info.value.status, info.value.type) == (503, "instance_asleep")
 
 
-# ---- request mapping -------------------------------------------------------------------------
-
-
-def test_request_sampling_overrides_the_instance_and_merges_template_kwargs() -> None:
-    base = SamplingParams(
-        temperature=0.1, top_p=1.0, max_response_len=4096, chat_template_kwargs={"a": 1}
-    )
-    merged = _sampling(base, SamplingParams(temperature=0.7, chat_template_kwargs={"b": 2}))
-    assert merged.temperature == 0.7 and merged.max_response_len == 4096
-    assert merged.chat_template_kwargs == {"a": 1, "b": 2}
-    assert _sampling(base, None) is base
-
-
-def test_openai_request_maps_to_messages_and_sampling() -> None:
-    req = ChatCompletionRequest.model_validate(
-        {
-            "model": "q",
-            "messages": [
-                {"role": "developer", "content": "be strict"},
-                {
-                    "role": "user",
-                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
-                },
-            ],
-            "max_completion_tokens": 3,
-            "stop": "\n",
-            "top_k": 5,
-        }
-    )
-    msgs = req.chat_messages()
-    assert [(m.role, m.content) for m in msgs] == [("system", "be strict"), ("user", "ab")]
-    sp = req.sampling_params()
-    assert (sp.max_response_len, sp.stop, sp.top_k) == (3, ["\n"], 5)
-
-
-@pytest.mark.parametrize(
-    "extra", [{"n": 2}, {"stream": True}, {"tools": []}], ids=["n", "stream", "tools"]
-)
-def test_openai_request_refuses_what_a_judge_cannot_honour(extra: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
-        ChatCompletionRequest.model_validate(
-            {"model": "q", "messages": [{"role": "user", "content": "x"}], **extra}
-        )
-
-
-# ---- building the app ------------------------------------------------------------------------
-
-
-def test_engines_for_an_unknown_instance_are_refused() -> None:
-    instances = {"q": _spec()}
-    with pytest.raises(GenRMConfigError, match="route_key='x'"):
-        normalize_engines(instances, {"x": ["some-actor"]})
-    refs = normalize_engines(instances, {"q": ["named-actor", EngineRef(name="b")]})
-    assert [r.name for r in refs["q"]] == ["named-actor", "b"]
-    with pytest.raises(GenRMConfigError, match="no instance"):
-        build_app({})
-
-
-def test_bundles_ask_for_gpus_only_on_a_gpu_cluster() -> None:
-    spec = build_instances(
-        instances={"q": {"model_path": "m", "num_gpus": 4, "num_gpus_per_engine": 2}}
-    )["q"]
-    assert (
-        instance_bundles(spec, with_gpus=True, engine_num_cpus=1.0)
-        == [{"CPU": 1.0, "GPU": 2.0}] * 2
-    )
-    assert instance_bundles(spec, with_gpus=False, engine_num_cpus=0.5) == [{"CPU": 0.5}] * 2
-
-
-def test_serve_max_ongoing_requests_is_above_what_admission_lets_through() -> None:
-    from genrm_serve.serve_args import ServeArgs
-
-    instances = build_instances(
-        model_path="m", num_gpus=2, engine_config={"max_queued_requests": 1000}
-    )
-    n = _max_ongoing(instances, ServeArgs(api_key=None))
-    assert n >= 2 * (2 * 64 + 1000)
-    assert DEFAULT_ROUTE_KEY in instances
-
-
 # ---- batches: what fails alone, what fails over ------------------------------------------------
 
 
@@ -424,45 +326,7 @@ async def test_a_request_failed_beside_answered_neighbours_is_retried_on_another
     assert "no other healthy engine" in x.message
 
 
-def test_waiting_for_health_gives_up_soon_when_nothing_answers() -> None:
-    # A 503 while engines load is an answer; a proxy that is gone answers nothing, and the
-    # wait must say so instead of running to the (long) engine start deadline.
-    args = ServeArgs(port=free_port(), api_key=None)
-    start = time.monotonic()
-    with pytest.raises(TimeoutError, match="nothing answers"):
-        wait_until_healthy(args, timeout_s=600, unreachable_s=1.0, poll_s=0.1)
-    assert time.monotonic() - start < 30
-
-
-def test_serve_start_goes_past_proxies_serve_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Serve kills a proxy that was slow to start and makes another; serve.start, waiting on the
-    # first, raises ActorDiedError. Starting again connects to the controller; only a proxy
-    # that keeps dying is an error.
-    import ray
-    from ray import serve
-
-    from genrm_serve import app, limits
-
-    calls: list[dict[str, object]] = []
-
-    def start(deaths: int) -> Callable[..., None]:
-        def fake(**kw: object) -> None:
-            calls.append(kw)
-            if len(calls) <= deaths:
-                raise ray.exceptions.ActorDiedError()
-
-        return fake
-
-    args = ServeArgs(port=free_port(), api_key=None)
-    monkeypatch.setattr(serve, "start", start(limits.PROXY_START_ATTEMPTS - 1))
-    app._start_serve(args.host, args.port)
-    assert len(calls) == limits.PROXY_START_ATTEMPTS
-    assert calls[-1] == {"http_options": {"host": args.host, "port": args.port}}
-    calls.clear()
-    monkeypatch.setattr(serve, "start", start(limits.PROXY_START_ATTEMPTS))
-    with pytest.raises(ray.exceptions.ActorDiedError):
-        app._start_serve(args.host, args.port)
-    assert len(calls) == limits.PROXY_START_ATTEMPTS
+# ---- single requests of one turn: one engine call ------------------------------------------
 
 
 async def test_concurrent_single_requests_go_to_the_engine_as_one_call() -> None:
