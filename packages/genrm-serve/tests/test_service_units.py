@@ -9,26 +9,18 @@ from __future__ import annotations
 import pytest
 
 from genrm_serve.app import build_app
-from genrm_serve.config import GenRMConfigError, InstanceSpec, build_instances
+from genrm_serve.config import GenRMConfigError, build_instances
 from genrm_serve.engine_refs import EngineRef, instance_bundles, normalize_engines
 from genrm_serve.health import health_report
 from genrm_serve.openai_compat import ChatCompletionRequest
 from genrm_serve.router import EngineSlot, InstanceRouter
 
 
-def _spec(key: str = "q", num_gpus: int = 2, **engine_config: int) -> InstanceSpec:
-    return build_instances(
-        instances={key: {"model_path": "scripted", "num_gpus": num_gpus}},
-        engine_config=dict(engine_config) or None,
-    )[key]
-
-
-def _router(key: str = "q", engines: int = 2, limit: int = 2, queue: int = 3) -> InstanceRouter:
-    spec = _spec(key, engines, max_queued_requests=queue)
-    slots = [EngineSlot(route_key=key, index=i, ref=EngineRef()) for i in range(engines)]
-    for s in slots:
-        s.state = "healthy"
-    return InstanceRouter(spec, slots, inflight_limit=limit, request_timeout_s=5.0)
+def _router(key: str = "q", engines: int = 2) -> InstanceRouter:
+    """An instance whose engines all serve (slots without actors: health reads only state)."""
+    spec = build_instances(instances={key: {"model_path": "scripted", "num_gpus": engines}})[key]
+    slots = [EngineSlot(key, i, EngineRef(), state="healthy") for i in range(engines)]
+    return InstanceRouter(spec, slots, inflight_limit=2, request_timeout_s=5.0)
 
 
 # ---- health ----------------------------------------------------------------------------------
@@ -102,7 +94,7 @@ def test_openai_request_refuses_what_a_judge_cannot_honour(extra: dict[str, obje
 
 
 def test_engines_for_an_unknown_instance_are_refused() -> None:
-    instances = {"q": _spec()}
+    instances = build_instances(instances={"q": {"model_path": "scripted", "num_gpus": 2}})
     with pytest.raises(GenRMConfigError, match="route_key='x'"):
         normalize_engines(instances, {"x": ["some-actor"]})
     refs = normalize_engines(instances, {"q": ["named-actor", EngineRef(name="b")]})

@@ -146,7 +146,7 @@ class InstanceRouter:
         self._idle = asyncio.Event()
         self._idle.set()
         #: the single requests of one turn of the event loop, sent as one call per engine
-        self.coalescer = Coalescer(self._call_many, self.max_batch)
+        self._coalescer = Coalescer(self._call_many, self.max_batch)
         #: Requests with a prefix key routed to the key's home engine / spilled to the least
         #: loaded one (bounded load), for metrics.
         self.affinity_slack = affinity_slack(inflight_limit)
@@ -421,7 +421,7 @@ class InstanceRouter:
             raise ServiceError.unavailable(
                 self.route_key, f"{failure}; no other healthy engine to retry on"
             ) from err
-        try:
+        try:  # alone, not coalesced: a retry is rare, and its call is its own
             return await self._call(retry, method, payload, [deadline] * n), retry
         except _EngineFailure as second:
             if failure.asleep and second.asleep:
@@ -451,7 +451,7 @@ class InstanceRouter:
         its own deadline, the shared call until the latest of its requests'."""
         what = f"engine {slot.engine_id} did not answer in time"
         left = self._left(deadline, what)
-        future = self.coalescer.submit(slot, request, deadline)
+        future = self._coalescer.submit(slot, request, deadline)
         try:
             return await asyncio.wait_for(future, left)
         except TimeoutError as err:  # the future is cancelled: the shared call goes on without it
