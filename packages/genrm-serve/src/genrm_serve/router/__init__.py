@@ -1,4 +1,4 @@
-"""One instance's requests onto its engines, in the rooms a newcomer looks for.
+"""One instance's requests onto its engines; a module for each part of the job:
 
 - ``instance_router``: ``InstanceRouter``: admission (429 / 503), the wait for an engine slot,
   one deadline per request, the engine call and its one failover to another engine, sleep / wake.

@@ -460,18 +460,16 @@ class InstanceRouter:
     async def _call_many(
         self, slot: EngineSlot, requests: list[EngineRequest], deadlines: list[float]
     ) -> list[EngineOutput | BaseException]:
-        """The coalesced requests' engine call: per request, its output or the error its caller
-        gets (failed beside answered neighbours: retried elsewhere, as alone; refused for its
-        own sake: its own status, not retried)."""
+        """The coalesced requests' engine call: per request, its output or its caller's error."""
         outs = await self._call(slot, "generate_many", requests, deadlines)
-        return [
-            out
-            if not isinstance(out, BaseException)
-            else _EngineFailure(slot, out)
-            if _failed_alone(out)
-            else self._item_error(out)
-            for out in outs
-        ]
+        return [self._single_answer(slot, out) for out in outs]
+
+    def _single_answer(self, slot: EngineSlot, out: Any) -> EngineOutput | BaseException:
+        if not isinstance(out, BaseException):
+            return out
+        if _failed_alone(out):  # beside answered neighbours: retried elsewhere, as alone
+            return _EngineFailure(slot, out)
+        return self._item_error(out)  # refused for its own sake: its own status, not retried
 
     async def generate_many(self, requests: list[EngineRequest]) -> list[_Entry]:
         """Many requests, in chunks of ``max_batch_size`` spread over the engines, in order.
