@@ -464,7 +464,9 @@ class InstanceRouter:
         outs = await self._call(slot, "generate_many", requests, deadlines)
         return [self._single_answer(slot, out) for out in outs]
 
-    def _single_answer(self, slot: EngineSlot, out: Any) -> EngineOutput | BaseException:
+    def _single_answer(
+        self, slot: EngineSlot, out: EngineOutput | BaseException
+    ) -> EngineOutput | BaseException:
         if not isinstance(out, BaseException):
             return out
         if _failed_alone(out):  # beside answered neighbours: retried elsewhere, as alone
