@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from genrm_client.types import Message, SamplingParams
-from genrm_serve.affinity import affinity_slack, home_of
 from genrm_serve.config import EngineConfig, InstanceSpec
 from genrm_serve.engine_refs import EngineRef
 from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.worker import EngineWorker
 from genrm_serve.metrics import ServiceMetrics
 from genrm_serve.router import EngineSlot, InstanceRouter
+from genrm_serve.router.chunking import chunk_by_key
+from genrm_serve.router.policy import affinity_slack, serving_home
 
 
 def _spec(engines: int, script: dict[str, object] | None = None, **config: Any) -> InstanceSpec:
@@ -61,14 +61,6 @@ async def test_the_same_key_goes_to_the_same_engine_whatever_the_other_load() ->
     for slot in others:
         r.release(slot)
     assert r.affinity_home == 11 and r.affinity_spilled == 0
-
-
-def test_many_keys_spread_over_every_engine() -> None:
-    r = _router(engines=4)
-    homes = (r._home(f"group-{i}", frozenset()) for i in range(2000))
-    counts = Counter(s.engine_id for s in homes if s is not None)
-    assert set(counts) == {s.engine_id for s in r.slots}
-    assert all(400 <= c <= 600 for c in counts.values()), counts  # 500 each, hash noise aside
 
 
 async def test_a_busy_home_spills_to_the_least_loaded_engine_and_is_counted() -> None:
@@ -128,17 +120,6 @@ async def test_a_waiting_keyed_request_takes_its_home_or_whichever_engine_frees_
         got = await asyncio.wait_for(waiting, 1.0)
         assert got is (home if free_home_first else other)
         assert (r.affinity_home, r.affinity_spilled) == ((2, 0) if free_home_first else (1, 1))
-
-
-def test_home_of_ranks_only_by_key_and_engine() -> None:
-    class E:
-        def __init__(self, engine_id: str) -> None:
-            self.engine_id = engine_id
-
-    engines = [E(f"q/{i}") for i in range(5)]
-    homes = [home_of(f"k{i}", engines) for i in range(50)]
-    assert [home_of(f"k{i}", reversed(engines)) for i in range(50)] == homes
-    assert home_of("k", []) is None
 
 
 def test_metrics_show_home_and_spilled_requests() -> None:
@@ -223,7 +204,7 @@ async def test_spread_arrivals_of_a_group_all_reach_one_engine() -> None:
 async def test_a_batch_keeps_each_group_in_one_engine_call_on_its_home() -> None:
     r, workers = await _served_router(3, max_batch_size=8)
     try:
-        homes = {g: r._home(f"group-{g}", frozenset()) for g in range(5)}
+        homes = {g: serving_home(f"group-{g}", r.slots) for g in range(5)}
         requests = [
             _request(f"group {g} sample {m}", f"group-{g}") for m in range(4) for g in range(5)
         ] + [_request("loose 1", None), _request("loose 2", None)]
@@ -238,7 +219,7 @@ async def test_a_batch_keeps_each_group_in_one_engine_call_on_its_home() -> None
                 assert slot is homes[g]  # every member of a group on the group's home
         calls = [size for w in r.slots for size in w.handle.calls]
         assert sum(calls) == len(requests) and max(calls) <= 8
-        chunks = r._chunks(requests)
+        chunks = chunk_by_key([q.prefix_key for q in requests], r.slots, 8)
         for chunk in chunks:  # no group cut in two: groups of 4 fit a batch of 8
             keys = {requests[i].prefix_key for i in chunk}
             for key in keys - {None}:
@@ -251,8 +232,7 @@ async def test_a_batch_keeps_each_group_in_one_engine_call_on_its_home() -> None
 
 
 def test_a_group_larger_than_a_batch_is_cut_only_at_the_batch_size() -> None:
-    r = _router(engines=2, max_batch_size=4)
-    requests = [_request(str(i), "big") for i in range(10)] + [_request("x", None)]
-    assert r._chunks(requests) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10]]
-    plain = [_request(str(i), None) for i in range(6)]
-    assert r._chunks(plain) == [[0, 1, 2, 3], [4, 5]]  # no keys: in order, as before
+    r = _router(engines=2)
+    keys = ["big"] * 10 + [None]
+    assert chunk_by_key(keys, r.slots, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10]]
+    assert chunk_by_key([None] * 6, r.slots, 4) == [[0, 1, 2, 3], [4, 5]]  # no keys: in order

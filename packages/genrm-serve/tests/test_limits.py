@@ -1,7 +1,7 @@
 """genrm-serve's deadlines nest: a wait that holds another is the longer one, so the inner
 wait's own error (which names what hung) arrives first. A request's waits (slot, engine call,
 the engine actor's queue) are not here: they take what is left of ``REQUEST_TIMEOUT_S``
-(``test_service_units``: ``..._one_deadline_across_the_slot_wait_and_the_engine_call``)."""
+(``test_router``: ``..._one_deadline_across_the_slot_wait_and_the_engine_call``)."""
 
 from __future__ import annotations
 

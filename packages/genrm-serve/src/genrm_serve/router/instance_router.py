@@ -1,10 +1,11 @@
-"""One instance's engines: admission, least-loaded choice, one retry on another engine.
+"""One instance's engines: admission, one deadline per request, one retry on another engine.
 
-An instance (route_key) is served by a list of engine slots. Each request takes the healthy
-engine with the fewest requests in flight; an engine holds at most ``inflight_limit`` requests at
-once (its batcher needs the next batch ready, not the whole queue), the rest wait here in FIFO
-order, and past ``max_queued_requests`` waiting the instance answers 429. An engine that fails a
-request is left out and the request tried once more on another engine; after that, 503 marked
+An instance (route_key) is served by a list of engine slots. Each request takes the engine the
+policy chooses (``policy``: the healthy engine with the fewest requests in flight, or its prefix
+key's home); an engine holds at most ``inflight_limit`` requests at once (its batcher needs the
+next batch ready, not the whole queue), the rest wait here in FIFO order, and past
+``max_queued_requests`` waiting the instance answers 429. An engine that fails a request is left
+out and the request tried once more on another engine; after that, 503 marked
 ``x-should-retry: false`` (the client does not send it a third time). With no other engine to
 try, the 503 carries ``Retry-After`` instead: waiting for the supervisor to revive an engine is
 the client's retry. The router never probes: the supervisor owns health; the router only
@@ -16,10 +17,9 @@ left travels with the request, ``EngineRequest.timeout_s``) each take what is le
 a fresh ``request_timeout_s`` of their own. Past it the request fails with the ``timeout`` error
 type (its status comes from the one table, ``genrm_client.types.ERROR_TYPE_STATUS``).
 
-A request with a ``prefix_key`` goes to the key's home engine instead, while that engine has
-room and is not clearly busier than the least loaded (``affinity``), so a GRPO group's requests,
-however spread in time, meet their shared prefix in one engine's cache; a batch is cut into
-chunks that keep each key's requests together.
+How requests are grouped into engine calls lives beside this module: single requests of one
+turn of the event loop go out together (``coalescing``; a retry goes alone), and a batch is cut
+into chunks that keep each prefix key's requests together (``chunking``).
 """
 
 from __future__ import annotations
@@ -31,12 +31,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from genrm_serve.affinity import affinity_slack, home_of
 from genrm_serve.config import InstanceSpec
-from genrm_serve.engine_refs import EngineRef
+from genrm_serve.engines.remote import EngineGoneError
 from genrm_serve.engines.base import (
     EngineAsleepError,
     EngineOutput,
@@ -44,20 +43,17 @@ from genrm_serve.engines.base import (
     EngineTimeoutError,
     PromptTooLongError,
     RequestRefusedError,
-    engine_id_for,
 )
-from genrm_serve.engines.remote import EngineGoneError, RemoteEngine
 from genrm_serve.errors import ServiceError
+from genrm_serve.router.chunking import chunk_by_key
+from genrm_serve.router.coalescing import Coalescer
+from genrm_serve.router.policy import Choice, affinity_slack, choose_engine
+from genrm_serve.router.slot import EngineSlot, SlotState
 
-__all__ = ["EngineSlot", "InstanceRouter", "SlotState", "error_message"]
+__all__ = ["InstanceRouter", "error_message"]
 
-logger = logging.getLogger(__name__)
-
-#: pending: no actor yet (being created, or waiting out the restart back-off); starting: the
-#: actor exists and loads its model; healthy: serving; unhealthy: a probe failed; dead: the
-#: actor is gone; failed: its start failed again after a re-creation (a missing model, a config
-#: the engine refuses, out of memory at load): it is not re-created again.
-SlotState = Literal["pending", "starting", "healthy", "unhealthy", "dead", "failed"]
+#: The name its log lines have always carried (``%(name)s``), not this module's.
+logger = logging.getLogger("genrm_serve.router")
 
 #: What the router asks of an engine: one request, or a batch (each entry its own answer).
 _Method = Literal["generate", "generate_many"]
@@ -94,55 +90,6 @@ def _failed_alone(entry: Any) -> bool:
 
 
 @dataclass
-class EngineSlot:
-    """The service's view of one engine actor."""
-
-    route_key: str
-    index: int
-    ref: EngineRef
-    handle: Any = None
-    state: SlotState = "pending"
-    in_flight: int = 0
-    detail: str | None = "not started yet"
-    restarts: int = 0
-    failures_in_row: int = 0
-    next_attempt_at: float = 0.0
-    #: The service created this actor (standalone, or a re-creation): it kills it on shutdown.
-    owned: bool = False
-    #: Asleep at its last health probe.
-    asleep: bool = False
-    #: Has been healthy once: a later outage is a restart, which requests wait out.
-    served: bool = False
-    job: asyncio.Task[None] | None = field(default=None, repr=False)
-    _actor: RemoteEngine | None = field(default=None, repr=False)
-
-    @property
-    def engine_id(self) -> str:
-        return engine_id_for(self.route_key, self.index)
-
-    @property
-    def actor(self) -> RemoteEngine:
-        """Every call to this slot's engine actor goes through it (one per actor handle)."""
-        if self._actor is None or self._actor.handle is not self.handle:
-            self._actor = RemoteEngine(self.handle, self.engine_id)
-        return self._actor
-
-    @property
-    def healthy(self) -> bool:
-        return self.state == "healthy"
-
-    @property
-    def reviving(self) -> bool:
-        """Down, but the supervisor brings it back (re-created, or looked up again once the
-        leader re-created it): a request may wait for it instead of failing."""
-        return (
-            self.served
-            and self.state in ("pending", "starting", "dead")
-            and (self.ref.recreatable or self.ref.reattach)
-        )
-
-
-@dataclass
 class _Waiter:
     n: int
     exclude: frozenset[str]
@@ -158,17 +105,6 @@ class _EngineFailure(Exception):
         self.slot = slot
         self.asleep = isinstance(err, EngineAsleepError)
 
-
-def _cancel_if_abandoned(task: asyncio.Task[None], futures: list[Any], _done: object) -> None:
-    """Every caller of a shared engine call went away: cancel the call, which cancels the
-    engine's work (``_call``), as a request sent alone would."""
-    if all(future.cancelled() for future in futures):
-        task.cancel()
-
-
-#: A single request given to an engine in one turn of the event loop: the request, its caller's
-#: future, and its deadline (``time.monotonic()``).
-_Single = tuple[EngineRequest, "asyncio.Future[EngineOutput]", float]
 
 #: One request's answer from a batch: its output and the engine that gave it, or its own error.
 _Entry = tuple[EngineOutput, EngineSlot] | ServiceError
@@ -209,9 +145,8 @@ class InstanceRouter:
         self._avg_latency_s = 0.5
         self._idle = asyncio.Event()
         self._idle.set()
-        #: per engine, the single requests of this turn of the event loop, sent as one call
-        self._singles: dict[str, list[_Single]] = {}
-        self._sending: set[asyncio.Task[None]] = set()
+        #: the single requests of one turn of the event loop, sent as one call per engine
+        self._coalescer = Coalescer(self._call_many, self.max_batch)
         #: Requests with a prefix key routed to the key's home engine / spilled to the least
         #: loaded one (bounded load), for metrics.
         self.affinity_slack = affinity_slack(inflight_limit)
@@ -295,50 +230,24 @@ class InstanceRouter:
                 share=self.max_queued,
             )
 
-    def _home(self, key: str, exclude: frozenset[str]) -> EngineSlot | None:
-        """The engine ``key`` belongs to among those serving now (rendezvous hashing)."""
-        return home_of(key, (s for s in self.slots if s.healthy and s.engine_id not in exclude))
+    def _pick(
+        self, n: int, exclude: frozenset[str], key: str | None = None
+    ) -> Choice[EngineSlot] | None:
+        """Where ``n`` requests go now (``policy.choose_engine``), None while none has room."""
+        return choose_engine(
+            self.slots,
+            n,
+            key,
+            inflight_limit=self.inflight_limit,
+            slack=self.affinity_slack,
+            exclude=exclude,
+            start=self._rr,
+        )
 
-    def _pick(self, n: int, exclude: frozenset[str], key: str | None = None) -> EngineSlot | None:
-        """The least-loaded engine with room for ``n`` more; with a ``key``, the key's home
-        instead while it has room and holds at most ``affinity_slack`` more than that one."""
-        best = self._least_loaded(n, exclude)
-        if best is None or key is None:
-            return best
-        home = self._home(key, exclude)
-        if (
-            home is not None
-            and self._has_room(home, n)
-            and home.in_flight <= best.in_flight + self.affinity_slack
-        ):
-            return home
-        return best
-
-    def _has_room(self, slot: EngineSlot, n: int) -> bool:
-        return slot.in_flight + n <= self.inflight_limit or slot.in_flight == 0
-
-    def _least_loaded(self, n: int, exclude: frozenset[str]) -> EngineSlot | None:
-        best: EngineSlot | None = None
-        count = len(self.slots)
-        for i in range(count):
-            slot = self.slots[(self._rr + i) % count]
-            if not slot.healthy or slot.engine_id in exclude:
-                continue
-            if not self._has_room(slot, n):
-                continue
-            if best is None or slot.in_flight < best.in_flight:
-                best = slot
-        return best
-
-    def _take(
-        self,
-        slot: EngineSlot,
-        n: int,
-        key: str | None = None,
-        exclude: frozenset[str] = frozenset(),
-    ) -> None:
-        if key is not None:
-            if slot is self._home(key, exclude):
+    def _take(self, choice: Choice[EngineSlot], n: int) -> EngineSlot:
+        slot = choice.engine
+        if choice.home is not None:
+            if choice.home:
                 self.affinity_home += n
             else:
                 self.affinity_spilled += n
@@ -346,6 +255,7 @@ class InstanceRouter:
         self._idle.clear()
         # Ties go round-robin: the next search starts after the engine just chosen.
         self._rr = (self.slots.index(slot) + 1) % len(self.slots)
+        return slot
 
     def _dispatch(self) -> None:
         while self._waiters:
@@ -361,12 +271,11 @@ class InstanceRouter:
                 self._waiters.popleft()
                 waiter.future.set_exception(self._no_engine_error(waiter.exclude))
                 continue
-            slot = self._pick(waiter.n, waiter.exclude, waiter.key)
-            if slot is None:
+            choice = self._pick(waiter.n, waiter.exclude, waiter.key)
+            if choice is None:
                 return
             self._waiters.popleft()
-            self._take(slot, waiter.n, waiter.key, waiter.exclude)
-            waiter.future.set_result(slot)
+            waiter.future.set_result(self._take(choice, waiter.n))
 
     def _can_serve(self, exclude: frozenset[str]) -> bool:
         """Some engine serves now, or will once re-created: a request waits for it (within its
@@ -401,14 +310,14 @@ class InstanceRouter:
         deadline: float | None = None,
     ) -> EngineSlot:
         """Reserve ``n`` request slots on the least-loaded healthy engine (or ``key``'s home,
-        see ``_pick``), waiting in line until ``deadline`` (default: a request arriving now)."""
+        see ``policy.choose_engine``), waiting in line until ``deadline`` (default: a request
+        arriving now)."""
         if self._refusing:
             raise ServiceError.asleep(self.route_key)
         if not self._waiters:
-            slot = self._pick(n, exclude, key)
-            if slot is not None:
-                self._take(slot, n, key, exclude)
-                return slot
+            choice = self._pick(n, exclude, key)
+            if choice is not None:
+                return self._take(choice, n)
         if not self._can_serve(exclude):
             raise self._no_engine_error(exclude)
         what = "no engine slot freed up in time"
@@ -512,7 +421,7 @@ class InstanceRouter:
             raise ServiceError.unavailable(
                 self.route_key, f"{failure}; no other healthy engine to retry on"
             ) from err
-        try:
+        try:  # alone, not coalesced: a retry is rare, and its call is its own
             return await self._call(retry, method, payload, [deadline] * n), retry
         except _EngineFailure as second:
             if failure.asleep and second.asleep:
@@ -528,71 +437,41 @@ class InstanceRouter:
         """One request: least-loaded engine, one retry elsewhere on an engine failure."""
         self.admit(1)
         deadline = self.deadline()
-        send = functools.partial(self._one_of_many, request=request, deadline=deadline)
+        send = functools.partial(self._coalesced, request=request, deadline=deadline)
         out, slot = await self._with_retry(
             1, "generate", request, deadline=deadline, send=send, key=request.prefix_key
         )
         return out, slot
 
-    async def _one_of_many(
+    async def _coalesced(
         self, slot: EngineSlot, request: EngineRequest, deadline: float
     ) -> EngineOutput:
         """``request``'s answer from ``slot``, in one call with the other single requests given
-        to that engine in this turn of the event loop (a client's concurrent /generate).
-
-        A Ray actor call costs about a millisecond of CPU here and again in the engine actor:
-        a burst pays it once per engine, and reaches the engine's batcher as one unit. A lone
-        request goes alone, with no wait added. Each request keeps its own slot, admission and
-        retry, as if it had been sent alone. The shared call lasts until the latest deadline of
-        its requests; each caller waits until its own.
-        """
+        to that engine in this turn of the event loop (``coalescing``); the caller waits until
+        its own deadline, the shared call until the latest of its requests'."""
         what = f"engine {slot.engine_id} did not answer in time"
         left = self._left(deadline, what)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[EngineOutput] = loop.create_future()
-        pending = self._singles.setdefault(slot.engine_id, [])
-        pending.append((request, future, deadline))
-        if len(pending) == 1:
-            loop.call_soon(self._send_singles, slot)
+        future = self._coalescer.submit(slot, request, deadline)
         try:
             return await asyncio.wait_for(future, left)
         except TimeoutError as err:  # the future is cancelled: the shared call goes on without it
             raise self._timeout(what) from err
 
-    def _send_singles(self, slot: EngineSlot) -> None:
-        singles = self._singles.pop(slot.engine_id, [])
-        for i in range(0, len(singles), self.max_batch):  # one engine batch each at most
-            chunk = singles[i : i + self.max_batch]
-            task = asyncio.ensure_future(self._answer_singles(slot, chunk))
-            self._sending.add(task)  # held until done: the loop keeps only a weak reference
-            task.add_done_callback(self._sending.discard)
-            futures = [future for _, future, _ in chunk]
-            for future in futures:
-                future.add_done_callback(functools.partial(_cancel_if_abandoned, task, futures))
+    async def _call_many(
+        self, slot: EngineSlot, requests: list[EngineRequest], deadlines: list[float]
+    ) -> list[EngineOutput | BaseException]:
+        """The coalesced requests' engine call: per request, its output or its caller's error."""
+        outs = await self._call(slot, "generate_many", requests, deadlines)
+        return [self._single_answer(slot, out) for out in outs]
 
-    async def _answer_singles(self, slot: EngineSlot, singles: list[_Single]) -> None:
-        requests = [request for request, _, _ in singles]
-        deadlines = [deadline for _, _, deadline in singles]
-        try:
-            outs = await self._call(slot, "generate_many", requests, deadlines)
-        except asyncio.CancelledError:  # every caller went away, or the ingress stops
-            for _, future, _ in singles:
-                future.cancel()
-            raise
-        except Exception as err:  # the whole call (ServiceError, _EngineFailure): each fails so
-            for _, future, _ in singles:
-                if not future.done():
-                    future.set_exception(err)
-            return
-        for (_, future, _), out in zip(singles, outs, strict=True):
-            if future.done():  # a caller that went away
-                continue
-            if not isinstance(out, BaseException):
-                future.set_result(out)
-            elif _failed_alone(out):  # beside answered neighbours: retried elsewhere, as alone
-                future.set_exception(_EngineFailure(slot, out))
-            else:  # refused for its own sake: its own status, not retried
-                future.set_exception(self._item_error(out))
+    def _single_answer(
+        self, slot: EngineSlot, out: EngineOutput | BaseException
+    ) -> EngineOutput | BaseException:
+        if not isinstance(out, BaseException):
+            return out
+        if _failed_alone(out):  # beside answered neighbours: retried elsewhere, as alone
+            return _EngineFailure(slot, out)
+        return self._item_error(out)  # refused for its own sake: its own status, not retried
 
     async def generate_many(self, requests: list[EngineRequest]) -> list[_Entry]:
         """Many requests, in chunks of ``max_batch_size`` spread over the engines, in order.
@@ -600,9 +479,9 @@ class InstanceRouter:
         A request the engine refuses (an over-long prompt, a value it cannot honour) gets its
         own error; its neighbours are answered. A request that failed beside answered neighbours
         (the engine lives) is tried once more on another engine, as a lone request would be.
-        Requests with a ``prefix_key`` are chunked by key (``_chunks``).
+        Requests with a ``prefix_key`` are chunked by key (``chunking.chunk_by_key``).
         """
-        chunks = self._chunks(requests)
+        chunks = chunk_by_key([r.prefix_key for r in requests], self.slots, self.max_batch)
         deadline = self.deadline()
 
         async def run_chunk(
@@ -628,48 +507,6 @@ class InstanceRouter:
         for chunk, part in zip(chunks, parts, strict=True):
             answers.update(zip(chunk, part, strict=True))
         return [answers[i] for i in range(len(requests))]
-
-    def _chunks(self, requests: list[EngineRequest]) -> list[list[int]]:
-        """``requests`` (their indices) cut into engine calls of at most ``max_batch_size``.
-
-        Without prefix keys: in order. With them: the requests of one key stay in one chunk
-        (unless more than a chunk holds), and keys with the same home engine share chunks, a
-        chunk led by a key's requests, so that each chunk's key routes it to that home. Requests
-        without a key come last, in order.
-        """
-        step = self.max_batch
-        if all(r.prefix_key is None for r in requests):
-            return [
-                list(range(i, min(i + step, len(requests)))) for i in range(0, len(requests), step)
-            ]
-        by_key: dict[str, list[int]] = {}
-        loose: list[int] = []
-        for i, r in enumerate(requests):
-            if r.prefix_key is None:
-                loose.append(i)
-            else:
-                by_key.setdefault(r.prefix_key, []).append(i)
-        order = {s.engine_id: k for k, s in enumerate(self.slots)}
-        homes: dict[str, int] = {}
-        for key in by_key:
-            home = self._home(key, frozenset())
-            homes[key] = order[home.engine_id] if home is not None else -1
-        chunks: list[list[int]] = []
-        current: list[int] = []
-        current_home = -1
-        for key in sorted(by_key, key=homes.__getitem__):  # stable: first-seen order within
-            members = by_key[key]
-            if current and (homes[key] != current_home or len(current) + len(members) > step):
-                chunks.append(current)
-                current = []
-            current_home = homes[key]
-            while len(members) > step:
-                chunks.append(members[:step])
-                members = members[step:]
-            current.extend(members)
-        if current:
-            chunks.append(current)
-        return chunks + [loose[i : i + step] for i in range(0, len(loose), step)]
 
     async def _retry_items(
         self,
