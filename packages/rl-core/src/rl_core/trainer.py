@@ -489,21 +489,13 @@ class GRPOTrainer:
         return samples
 
     async def _generate_awake(
-        self,
-        groups: list[list[Sample]],
-        settings: RolloutSettings,
-        *,
-        seed_key: tuple[int, int],
-        label: str,
-        times: PhaseTimes,
+        self, groups: list[list[Sample]], settings: RolloutSettings, **how: Any
     ) -> list[Sample]:
         """:meth:`_generate_and_score` outside the step: the rollout engines are woken first,
         and woken again after a deferred batch (whose scoring put them to sleep)."""
         if self.phases.current != "inference":
             await self.phases.enter("inference")
-        samples = await self._generate_and_score(
-            groups, settings, seed_key=seed_key, label=label, times=times
-        )
+        samples = await self._generate_and_score(groups, settings, **how)
         if self.rewards.deferred:
             await self.phases.enter("inference")
         return samples
