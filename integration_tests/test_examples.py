@@ -478,9 +478,9 @@ class TestAgainstTheService:
     async def test_hook_scores_the_batch_between_the_swap(self, service: str) -> None:
         from genrm_rewards.defer import score_deferred
         from genrm_rewards.registry import load_custom
-        from rl_core.launch import JudgeSleeper
         from rl_core.phases import CallbackSleeper, PhaseMachine, phases_from_plan
         from rl_core.rewards import PostProcessContext, custom_post_process
+        from rl_core.services import JudgeSleeper
 
         cfg = parse_train_args(script_args(DEFER, *TWIN_COMMON, *TWINS[DEFER]))
         assert cfg.mode == "colocate-defer-swap"

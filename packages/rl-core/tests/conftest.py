@@ -46,6 +46,87 @@ def data_file(tmp_path):
     return write_easy_math_data(tmp_path / "train.jsonl")
 
 
+@pytest.fixture
+def grpo_config(data_file):
+    """``grpo_config(root, **flags)``: the config of a tiny GRPO run on ``data_file``, its run
+    directory ``root/run`` (the flags override the defaults below)."""
+    from rl_core.config import build_config
+
+    def make(root, **kw):
+        base = dict(
+            hf_checkpoint="unused",
+            prompt_data=str(data_file),
+            rm_type="math",
+            num_rollout=2,
+            rollout_batch_size=2,
+            n_samples_per_prompt=4,
+            rollout_max_response_len=6,
+            rollout_temperature=1.5,
+            lr=1e-3,
+            seed=7,
+            run_dir=str(root / "run"),
+            use_tis=True,
+            genrm_model_path="scripted",  # the plan's judge; the tests put their own in its phases
+            genrm_engine="scripted",
+            # The tiny random policy almost never writes EOS within 6 tokens, so nearly every
+            # response is cut off at the length limit. These tests pin the driver's mechanics
+            # (train, weight sync, swaps, staleness, resume, judge-error masking), which do not
+            # depend on which samples the loss holds: they train on cut-off responses (and so
+            # cover the opt-out). The default rule has its own tests.
+            keep_cut_off=True,
+        )
+        base.update(kw)
+        # defer mode: the plan needs a hook; the tests hand the trainer theirs
+        base.setdefault(
+            "builtin_reward_post_process", base.get("defer_reward_to_post_process", False)
+        )
+        return build_config(**base)
+
+    return make
+
+
+@pytest.fixture
+def grpo_trainer(tiny_model_path, char_tokenizer, test_engine_factory):
+    """``await grpo_trainer(cfg, ...)``: ``(trainer, engine, backend)`` of a tiny in-process GRPO
+    run (test engine, torch backend, a recording judge in the phases). ``reward``: the inline
+    reward (default ``ScriptedReward()``); ``deferred``: scored in a post-process batch instead,
+    logging the states it was scored in to ``judge_log``; ``eval_data``: an evaluation set;
+    ``stop``: the stop request."""
+    from tiny_grpo import RecordingJudge, ScriptedReward, local_stack, make_trainer
+
+    from rl_core.evaluation import Evaluation
+    from rl_core.rewards import RewardSetup, defer_swap_post_process
+
+    async def make(cfg, *, reward=None, deferred=False, judge_log=None, eval_data=None, stop=None):
+        judge = RecordingJudge(judge_log if judge_log is not None else [])
+        engine, handle, backend, phases = await local_stack(
+            cfg, tiny_model_path, test_engine_factory, judge
+        )
+        reward = reward or ScriptedReward()
+        if deferred:
+
+            async def batch_fn(args, samples):
+                judge_log.append(("scored", dict(phases.states), engine.state))
+                return [await reward(args, s) for s in samples]
+
+            setup = RewardSetup(
+                args=cfg,
+                reward_key="score",
+                inline_fn=None,
+                batch_fn=batch_fn,
+                post_process=defer_swap_post_process,
+            )
+        else:
+            setup = RewardSetup(args=cfg, reward_key="score", inline_fn=reward)
+        evaluation = Evaluation(cfg, eval_data) if eval_data is not None else None
+        trainer = make_trainer(
+            cfg, char_tokenizer, handle, backend, phases, setup, evaluation=evaluation, stop=stop
+        )
+        return trainer, engine, backend
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     return build_tiny_model(

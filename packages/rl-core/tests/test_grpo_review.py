@@ -12,11 +12,12 @@ import torch
 
 from genrm_serve import EngineOutput
 from rl_core.config import build_config
+from rl_core.grpo.advantages import sample_advantages
 from rl_core.grpo.loss import LossConfig, grpo_loss
 from rl_core.rewards import judgeable
 from rl_core.rollout import SEED_EVAL, SEED_TRAIN, RolloutSettings, fill_sample, sample_seed
 from rl_core.sample import Sample
-from rl_core.trainer import GRPOTrainer, train_items, untrained_reason
+from rl_core.trainer import train_items, untrained_reason
 
 
 def _out(finish: str) -> EngineOutput:
@@ -50,40 +51,31 @@ def _scored(rewards, statuses):
     return out
 
 
-def test_the_baseline_uses_only_the_samples_in_the_loss(tmp_path):
-    cfg = build_config(
-        hf_checkpoint="m", prompt_data="d.jsonl", rm_type="math", run_dir=str(tmp_path)
-    )
-    trainer = GRPOTrainer.__new__(GRPOTrainer)  # only its advantage rule is under test
-    trainer.cfg = cfg
-    # the third sample has a reward but was aborted: it must not move the others' baseline
-    batch = _scored([1.0, 0.0, 1.0], ["ok", "ok", "aborted"])
-    trainer.advantages(batch)
-    clean = _scored([1.0, 0.0], ["ok", "ok"])
-    trainer.advantages(clean)
-    assert [s.advantage for s in batch[:2]] == [s.advantage for s in clean]
-    assert batch[2].advantage == 0.0
-
-
-def _trainer(tmp_path, **kw):
-    cfg = build_config(
+def _cfg(tmp_path, **kw):
+    return build_config(
         hf_checkpoint="m", prompt_data="d.jsonl", rm_type="math", run_dir=str(tmp_path), **kw
     )
-    trainer = GRPOTrainer.__new__(GRPOTrainer)  # only its advantage rule is under test
-    trainer.cfg = cfg
-    return trainer
+
+
+def test_the_baseline_uses_only_the_samples_in_the_loss():
+    # the third sample has a reward but was aborted: it must not move the others' baseline
+    batch = _scored([1.0, 0.0, 1.0], ["ok", "ok", "aborted"])
+    sample_advantages(batch)
+    clean = _scored([1.0, 0.0], ["ok", "ok"])
+    sample_advantages(clean)
+    assert [s.advantage for s in batch[:2]] == [s.advantage for s in clean]
+    assert batch[2].advantage == 0.0
 
 
 def test_a_response_cut_off_at_the_length_limit_stays_out_of_the_loss_and_the_baseline(tmp_path):
     """Its reward judges an answer the policy never finished: a judged 1 for ' 7EPOCH' (label 7)
     must neither train the policy nor raise its group's mean."""
-    trainer = _trainer(tmp_path)
-    assert not trainer.cfg.keep_cut_off  # the default
+    assert not _cfg(tmp_path).keep_cut_off  # the default
     batch = _scored([1.0, 0.0, 1.0], ["ok", "ok", "ok"])
     batch[2].finish_reason = "length"
-    trainer.advantages(batch)
+    sample_advantages(batch)
     clean = _scored([1.0, 0.0], ["ok", "ok"])
-    trainer.advantages(clean)
+    sample_advantages(clean)
     assert [s.advantage for s in batch[:2]] == [s.advantage for s in clean]
     assert batch[2].left_out == "cut_off" and not batch[2].in_loss and batch[2].advantage == 0.0
     assert batch[0].in_loss and batch[1].in_loss
@@ -93,15 +85,15 @@ def test_a_response_cut_off_at_the_length_limit_stays_out_of_the_loss_and_the_ba
 def test_keep_cut_off_trains_on_a_cut_off_response(tmp_path, char_tokenizer):
     """--keep-cut-off: the rollout marks its samples, and a cut-off response is in the loss and
     in its group's baseline like a finished one."""
-    trainer = _trainer(tmp_path, keep_cut_off=True)
-    assert trainer.cfg.keep_cut_off
-    settings = RolloutSettings(2, 2, keep_cut_off=trainer.cfg.keep_cut_off)
+    cfg = _cfg(tmp_path, keep_cut_off=True)
+    assert cfg.keep_cut_off
+    settings = RolloutSettings(2, 2, keep_cut_off=cfg.keep_cut_off)
     batch = _scored([1.0, 0.0, 1.0], ["ok", "ok", "ok"])
     fill_sample(batch[2], _out("length"), char_tokenizer, settings)
     assert batch[2].cut_off and batch[2].keep_cut_off and batch[2].in_loss
-    trainer.advantages(batch)
+    sample_advantages(batch)
     full = _scored([1.0, 0.0, 1.0], ["ok", "ok", "ok"])
-    trainer.advantages(full)
+    sample_advantages(full)
     assert [s.advantage for s in batch] == [s.advantage for s in full]
     assert batch[2].advantage != 0.0
     # without the flag, the same output leaves the sample out

@@ -11,14 +11,12 @@ from typing import Any
 
 import pytest
 from rich.console import Console
-from test_trainer import _cfg, _trainer
 
 from rl_core.data import load_prompt_data
-from rl_core.judge_audit import rule_agreement
+from rl_core.judge_audit import rule_agreement, verdict_source
 from rl_core.metrics import read_metrics
 from rl_core.sample import Sample
 from rl_core.summary import render_summary
-from rl_core.trainer import verdict_source
 
 
 def _sample(reward: float | None, status: str, rule: str | None, **details: Any) -> Sample:
@@ -78,16 +76,16 @@ class AuditedReward:
 
 
 async def test_eval_before_and_after_with_judge_agreement(  # type: ignore[no-untyped-def]
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+    tmp_path, grpo_config, grpo_trainer
 ):
-    cfg = _cfg(tmp_path, data_file, num_rollout=2, eval_before_and_after=True, eval_limit=2)
-    trainer, _, _ = await _trainer(
-        cfg, tiny_model_path, char_tokenizer, test_engine_factory, reward=AuditedReward()
+    cfg = grpo_config(tmp_path, num_rollout=2, eval_before_and_after=True, eval_limit=2)
+    trainer, _, _ = await grpo_trainer(
+        cfg, reward=AuditedReward(), eval_data=load_prompt_data(cfg.prompt_data)
     )
-    trainer.eval_data = load_prompt_data(cfg.prompt_data)
     history = await trainer.run()
+    evals = trainer.evaluation.history
 
-    assert [e["step"] for e in trainer.eval_history] == [0, 2]  # before step 1, after the last
+    assert [e["step"] for e in evals] == [0, 2]  # before step 1, after the last
     records = read_metrics(cfg.run_dir)
     assert [r["step"] for r in records] == [0, 1, 2]
     assert "eval/accuracy" in records[0] and "eval/accuracy" in records[2]
@@ -96,11 +94,11 @@ async def test_eval_before_and_after_with_judge_agreement(  # type: ignore[no-un
         assert r["rollout/judge_rule_compared"] == r["rollout/samples"]
         agreement = r["rollout/judge_rule_agreement"]
         assert agreement is not None and 0.0 <= agreement <= 1.0
-    for e in trainer.eval_history:
+    for e in evals:
         assert e["eval/judge_rule_compared"] == e["eval/samples"]
 
     console = Console(record=True, width=200)
-    render_summary(history, mode="colocate", console=console, evals=trainer.eval_history)
+    render_summary(history, mode="colocate", console=console, evals=evals)
     text = console.export_text()
     assert "judge=mv" in text
     assert "eval before training" in text and "eval after step 2" in text
@@ -115,6 +113,7 @@ def test_embedded_judge_is_base_plus_adapter_and_the_policy_the_base(
     from genrm_serve import models
     from rl_core import launch
     from rl_core.config import parse_train_args
+    from rl_core.specs import judge_specs, rollout_spec
 
     base = tmp_path / "gemma3-270m"
     monkeypatch.setattr(launch, "resolve_model_path", lambda path: base)  # no conversion here
@@ -122,11 +121,11 @@ def test_embedded_judge_is_base_plus_adapter_and_the_policy_the_base(
     policy_path = launch.resolve_model(cfg.hf_checkpoint)
     assert policy_path == str(base)
 
-    (judge,) = launch.judge_specs(cfg).values()
+    (judge,) = judge_specs(cfg).values()
     assert models.is_embedded(judge.model_path) and judge.engine_config.adapter_path is None
     assert models.resolve_adapter(judge.model_path, judge.engine_config.adapter_path) == (
         models.shipped_adapter_dir()
     )
-    rollout = launch.rollout_spec(cfg, policy_path, "hf")
+    rollout = rollout_spec(cfg, policy_path, "hf")
     assert rollout.model_path == str(base)
     assert models.resolve_adapter(rollout.model_path, rollout.engine_config.adapter_path) is None

@@ -17,10 +17,9 @@ from tiny_grpo import local_stack, make_trainer
 
 from genrm_serve.testing import local_ray_serve
 from rl_core.config import build_config
-from rl_core.launch import JudgeSleeper
 from rl_core.metrics import read_metrics
-from rl_core.rewards import defer_swap_post_process
-from rl_core.trainer import RewardSetup
+from rl_core.rewards import RewardSetup, defer_swap_post_process
+from rl_core.services import JudgeSleeper
 
 pytestmark = pytest.mark.slow
 

@@ -92,39 +92,3 @@ async def test_train_two_steps_from_flags(tmp_path, monkeypatch):
     layout = json.loads((tmp_path / "run" / "layout.json").read_text())
     assert layout_problems(layout) == []
     assert {a["role"] for a in layout["actors"]} == {"actor", "rollout", "genrm:__default__"}
-
-
-async def test_a_failed_start_up_step_is_the_error_and_stops_the_others():
-    """Steps started together: the first failure is what the user sees (not an exception group)
-    and the others are cancelled; one after another, a failure leaves the rest unstarted."""
-    import asyncio
-
-    from rl_core.launch import _one_after_another, _together
-
-    events = []
-
-    async def fails():
-        await asyncio.sleep(0.01)
-        raise RuntimeError("judge engine 0 did not start: out of memory")
-
-    async def slow():
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            events.append("cancelled")
-            raise
-
-    startup = {}
-    with pytest.raises(RuntimeError, match="did not start: out of memory"):
-        await _together({"judge_service": fails(), "rollout_engines": slow()}, startup)
-    assert events == ["cancelled"] and set(startup) == {"judge_service", "rollout_engines"}
-
-    async def ok():
-        events.append("ran")
-        return 1
-
-    events.clear()
-    with pytest.raises(RuntimeError, match="out of memory"):
-        await _one_after_another({"rollout_engines": fails(), "judge_service": ok()}, {})
-    assert events == []  # never started, and closed (no "never awaited" warning)
-    assert await _one_after_another({"a": ok(), "b": ok()}, {}) == {"a": 1, "b": 1}

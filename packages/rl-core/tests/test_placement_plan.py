@@ -179,7 +179,7 @@ def test_engines_that_sleep_are_those_the_phases_put_to_sleep() -> None:
 @pytest.mark.parametrize("layout", ["shared", "async"])
 def test_engines_the_plan_puts_to_sleep_reserve_host_buffers_at_start(layout: str) -> None:
     from rl_core.config import parse_train_args
-    from rl_core.launch import judge_specs, rollout_spec
+    from rl_core.specs import judge_specs, rollout_spec
 
     argv = SHARED_8 if layout == "shared" else ASYNC_8
     cfg = parse_train_args(["--hf-checkpoint", "/m/p", "--prompt-data", "/d.jsonl", *argv])

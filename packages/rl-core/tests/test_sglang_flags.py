@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from rl_core.config import ConfigError, parse_train_args
-from rl_core.launch import resolve_rollout_engine, rollout_seeded, rollout_spec
 from rl_core.placement import PlacementError
 from rl_core.placement.sglang_flags import pop_sglang_overrides
+from rl_core.specs import resolve_rollout_engine, rollout_seeded, rollout_spec
 
 LAYOUT = [
     "--preset",

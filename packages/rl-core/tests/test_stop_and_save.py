@@ -11,11 +11,11 @@ import os
 import signal
 
 import pytest
-from test_trainer import ScriptedReward, _cfg, _trainer
+from tiny_grpo import ScriptedReward
 
+from rl_core.checkpoints import CheckpointError
 from rl_core.metrics import read_metrics
 from rl_core.stopping import StopRequest
-from rl_core.trainer import CheckpointError
 
 
 class SignalDuringStep(ScriptedReward):
@@ -34,26 +34,17 @@ class SignalDuringStep(ScriptedReward):
 
 
 async def test_a_stop_signal_mid_step_saves_the_last_step_and_the_resume_continues(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+    tmp_path, grpo_config, grpo_trainer
 ):
-    straight, _, _ = await _trainer(
-        _cfg(tmp_path / "a", data_file, num_rollout=3),
-        tiny_model_path,
-        char_tokenizer,
-        test_engine_factory,
-    )
+    straight, _, _ = await grpo_trainer(grpo_config(tmp_path / "a", num_rollout=3))
     await straight.run()
 
     ckpt = tmp_path / "ckpt"
-    cfg = _cfg(tmp_path / "b", data_file, num_rollout=3, save=str(ckpt))
-    stopped, _, _ = await _trainer(
-        cfg,
-        tiny_model_path,
-        char_tokenizer,
-        test_engine_factory,
-        reward=SignalDuringStep(signal.SIGTERM, step=2),
+    cfg = grpo_config(tmp_path / "b", num_rollout=3, save=str(ckpt))
+    stop = StopRequest()
+    stopped, _, _ = await grpo_trainer(
+        cfg, reward=SignalDuringStep(signal.SIGTERM, step=2), stop=stop
     )
-    stopped.stop = stop = StopRequest()
     stop.install()
     try:
         history = await stopped.run()
@@ -68,11 +59,8 @@ async def test_a_stop_signal_mid_step_saves_the_last_step_and_the_resume_continu
     assert (ckpt / "latest").read_text() == "step_000001"
     assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1]
 
-    resumed, _, _ = await _trainer(
-        _cfg(tmp_path / "b", data_file, num_rollout=3, save=str(ckpt), load=str(ckpt)),
-        tiny_model_path,
-        char_tokenizer,
-        test_engine_factory,
+    resumed, _, _ = await grpo_trainer(
+        grpo_config(tmp_path / "b", num_rollout=3, save=str(ckpt), load=str(ckpt))
     )
     await resumed.run()
     records = read_metrics(cfg.run_dir)
@@ -83,21 +71,21 @@ async def test_a_stop_signal_mid_step_saves_the_last_step_and_the_resume_continu
 
 
 async def test_a_resume_cuts_what_was_logged_beyond_its_checkpoint(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+    tmp_path, grpo_config, grpo_trainer
 ):
     """--save-interval 2 and a crash after step 3 (before its save): the resume from step 2
     redoes step 3, and metrics and samples read 1, 2, 3, 4 — not 1, 2, 3, 3, 4."""
     ckpt = tmp_path / "ckpt"
-    cfg = _cfg(tmp_path, data_file, num_rollout=3, save=str(ckpt), save_interval=2)
-    first, _, _ = await _trainer(cfg, tiny_model_path, char_tokenizer, test_engine_factory)
+    cfg = grpo_config(tmp_path, num_rollout=3, save=str(ckpt), save_interval=2)
+    first, _, _ = await grpo_trainer(cfg)
     await first.run()
     # the crash: step 3 was logged but its checkpoint never written
     (ckpt / "step_000003" / "state.json").unlink()
     (ckpt / "step_000003").rename(tmp_path / "lost")
     (ckpt / "latest").write_text("step_000002")
 
-    cfg = _cfg(tmp_path, data_file, num_rollout=4, save=str(ckpt), save_interval=2, load=str(ckpt))
-    resumed, _, _ = await _trainer(cfg, tiny_model_path, char_tokenizer, test_engine_factory)
+    cfg = grpo_config(tmp_path, num_rollout=4, save=str(ckpt), save_interval=2, load=str(ckpt))
+    resumed, _, _ = await grpo_trainer(cfg)
     await resumed.run()
     assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1, 2, 3, 4]
     samples = sorted(p.name for p in (tmp_path / "run" / "samples").iterdir())
@@ -105,24 +93,22 @@ async def test_a_resume_cuts_what_was_logged_beyond_its_checkpoint(
 
 
 async def test_a_failed_save_keeps_the_steps_metrics_and_samples(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+    tmp_path, grpo_config, grpo_trainer
 ):
     ckpt = tmp_path / "ckpt"
-    cfg = _cfg(tmp_path, data_file, num_rollout=1, save=str(ckpt))
+    cfg = grpo_config(tmp_path, num_rollout=1, save=str(ckpt))
     ckpt.write_text("a file where the checkpoint folder should go")  # the save will fail
-    trainer, _, _ = await _trainer(cfg, tiny_model_path, char_tokenizer, test_engine_factory)
+    trainer, _, _ = await grpo_trainer(cfg)
     with pytest.raises(CheckpointError, match=r"saving step 1 to .*step_000001 failed"):
         await trainer.run()
     assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1]
     assert (tmp_path / "run" / "samples" / "step_000001.jsonl").is_file()
 
 
-async def test_save_keep_keeps_the_newest_checkpoints(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
-):
+async def test_save_keep_keeps_the_newest_checkpoints(tmp_path, grpo_config, grpo_trainer):
     ckpt = tmp_path / "ckpt"
-    cfg = _cfg(tmp_path, data_file, num_rollout=3, save=str(ckpt), save_interval=1, save_keep=2)
-    trainer, _, _ = await _trainer(cfg, tiny_model_path, char_tokenizer, test_engine_factory)
+    cfg = grpo_config(tmp_path, num_rollout=3, save=str(ckpt), save_interval=1, save_keep=2)
+    trainer, _, _ = await grpo_trainer(cfg)
     await trainer.run()
     assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_000002", "step_000003"]
     assert (ckpt / "latest").read_text() == "step_000003"

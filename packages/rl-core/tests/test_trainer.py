@@ -12,70 +12,12 @@ import dataclasses
 import pytest
 import torch
 from rich.console import Console
-from tiny_grpo import local_stack, make_trainer
+from tiny_grpo import ScriptedReward
 
-from rl_core.config import build_config
 from rl_core.metrics import read_metrics
-from rl_core.rewards import JudgeFailureError, custom_post_process, defer_swap_post_process
+from rl_core.rewards import JudgeFailureError, custom_post_process
 from rl_core.summary import render_summary
-from rl_core.trainer import NothingToTrainError, RewardSetup
-
-
-class RecordingJudge:
-    def __init__(self, log):
-        self.log, self.state = log, "active"
-
-    async def sleep(self):
-        self.log.append("judge.sleep")
-        self.state = "asleep"
-
-    async def wake(self):
-        self.log.append("judge.wake")
-        self.state = "active"
-
-
-class ScriptedReward:
-    """A deterministic test reward: 1.0 when the response has a digit, else 0.0; every
-    ``fail_every``-th call is a judge error (score None)."""
-
-    def __init__(self, fail_every=0):
-        self.calls, self.fail_every = 0, fail_every
-
-    async def __call__(self, args, sample):
-        self.calls += 1
-        if self.fail_every and self.calls % self.fail_every == 0:
-            return {"score": None, "status": "judge_error", "error": "test judge down"}
-        score = 1.0 if any(c.isdigit() for c in sample.response) else 0.0
-        return {"score": score, "status": "ok", "gate": "miss", "acc": int(score)}
-
-
-def _cfg(tmp_path, data, **kw):
-    base = dict(
-        hf_checkpoint="unused",
-        prompt_data=str(data),
-        rm_type="math",
-        num_rollout=2,
-        rollout_batch_size=2,
-        n_samples_per_prompt=4,
-        rollout_max_response_len=6,
-        rollout_temperature=1.5,
-        lr=1e-3,
-        seed=7,
-        run_dir=str(tmp_path / "run"),
-        use_tis=True,
-        genrm_model_path="scripted",  # the plan's judge; the tests put their own in its phases
-        genrm_engine="scripted",
-        # The tiny random policy almost never writes EOS within 6 tokens, so nearly every
-        # response is cut off at the length limit. These tests pin the driver's mechanics (train,
-        # weight sync, swaps, staleness, resume, judge-error masking), which do not depend on
-        # which samples the loss holds: they train on cut-off responses (and so cover the
-        # opt-out). The default rule has its own tests below.
-        keep_cut_off=True,
-    )
-    base.update(kw)
-    # defer mode: the plan needs a hook; the tests hand the trainer theirs
-    base.setdefault("builtin_reward_post_process", base.get("defer_reward_to_post_process", False))
-    return build_config(**base)
+from rl_core.trainer import NothingToTrainError
 
 
 def _record_batches(trainer) -> list:
@@ -91,46 +33,10 @@ def _record_batches(trainer) -> list:
     return batches
 
 
-async def _trainer(
-    cfg,
-    model_path,
-    tokenizer,
-    make_test_engine,
-    *,
-    reward=None,
-    deferred=False,
-    judge_log=None,
-):
-    judge = RecordingJudge(judge_log if judge_log is not None else [])
-    engine, handle, backend, phases = await local_stack(cfg, model_path, make_test_engine, judge)
-    reward = reward or ScriptedReward()
-    if deferred:
-
-        async def batch_fn(args, samples):
-            judge_log.append(("scored", dict(phases.states), engine.state))
-            return [await reward(args, s) for s in samples]
-
-        setup = RewardSetup(
-            args=cfg,
-            reward_key="score",
-            inline_fn=None,
-            batch_fn=batch_fn,
-            post_process=defer_swap_post_process,
-        )
-    else:
-        setup = RewardSetup(args=cfg, reward_key="score", inline_fn=reward)
-    trainer = make_trainer(cfg, tokenizer, handle, backend, phases, setup)
-    return trainer, engine, backend
-
-
-async def test_two_steps_train_and_sync(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
-):
-    cfg = _cfg(tmp_path, data_file)
+async def test_two_steps_train_and_sync(tmp_path, grpo_config, grpo_trainer):
+    cfg = grpo_config(tmp_path)
     reward = ScriptedReward(fail_every=5)
-    trainer, engine, backend = await _trainer(
-        cfg, tiny_model_path, char_tokenizer, test_engine_factory, reward=reward
-    )
+    trainer, engine, backend = await grpo_trainer(cfg, reward=reward)
     before = {k: v.clone() for k, v in backend.model.state_dict().items()}
     history = await trainer.run()
 
@@ -154,15 +60,10 @@ async def test_two_steps_train_and_sync(
     assert [r["weights/version"] for r in records] == [1, 2]
 
 
-async def test_judge_errors_masked_and_out_of_the_baseline(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
-):
-    cfg = _cfg(tmp_path, data_file, num_rollout=1)
-    trainer, _, _ = await _trainer(
+async def test_judge_errors_masked_and_out_of_the_baseline(tmp_path, grpo_config, grpo_trainer):
+    cfg = grpo_config(tmp_path, num_rollout=1)
+    trainer, _, _ = await grpo_trainer(
         cfg,
-        tiny_model_path,
-        char_tokenizer,
-        test_engine_factory,
         reward=ScriptedReward(fail_every=3),
     )
     batches = _record_batches(trainer)
@@ -179,33 +80,21 @@ async def test_judge_errors_masked_and_out_of_the_baseline(
             assert all((s.advantage > 0) == (s.reward > mean) for s in ok)
 
 
-async def test_too_many_judge_errors_stop_the_run(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
-):
-    cfg = _cfg(tmp_path, data_file, num_rollout=1)
-    trainer, _, _ = await _trainer(
+async def test_too_many_judge_errors_stop_the_run(tmp_path, grpo_config, grpo_trainer):
+    cfg = grpo_config(tmp_path, num_rollout=1)
+    trainer, _, _ = await grpo_trainer(
         cfg,
-        tiny_model_path,
-        char_tokenizer,
-        test_engine_factory,
         reward=ScriptedReward(fail_every=1),
     )
     with pytest.raises(JudgeFailureError, match=r"^step 1: 8 of 8 samples have no reward"):
         await trainer.run()
 
 
-async def test_defer_swap_states(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
-):
-    cfg = _cfg(
-        tmp_path, data_file, num_rollout=1, rm_type="dummy", defer_reward_to_post_process=True
-    )
+async def test_defer_swap_states(tmp_path, grpo_config, grpo_trainer):
+    cfg = grpo_config(tmp_path, num_rollout=1, rm_type="dummy", defer_reward_to_post_process=True)
     log: list = []
-    trainer, engine, _ = await _trainer(
+    trainer, engine, _ = await grpo_trainer(
         cfg,
-        tiny_model_path,
-        char_tokenizer,
-        test_engine_factory,
         deferred=True,
         judge_log=log,
     )
@@ -229,31 +118,23 @@ async def test_defer_swap_states(
     assert engine.state == "awake" and engine.weight_version == 1
 
 
-async def test_custom_post_process_hook(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
-):
-    cfg = _cfg(
-        tmp_path, data_file, num_rollout=1, rm_type="dummy", defer_reward_to_post_process=True
-    )
+async def test_custom_post_process_hook(tmp_path, grpo_config, grpo_trainer):
+    cfg = grpo_config(tmp_path, num_rollout=1, rm_type="dummy", defer_reward_to_post_process=True)
     seen = []
 
     async def hook(args, samples):
         seen.append(len(samples))
         return [{"score": float(i % 2), "status": "ok"} for i in range(len(samples))]
 
-    trainer, _, _ = await _trainer(
-        cfg, tiny_model_path, char_tokenizer, test_engine_factory, deferred=True, judge_log=[]
-    )
+    trainer, _, _ = await grpo_trainer(cfg, deferred=True, judge_log=[])
     trainer.rewards.post_process = custom_post_process(hook)
     history = await trainer.run()
     assert seen == [8] and history[0].metrics["rollout/reward_mean"] == 0.5
 
 
-async def test_fully_async_overlaps_with_staleness_one(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
-):
-    cfg = _cfg(tmp_path, data_file, num_rollout=3, fully_async=True)
-    trainer, engine, _ = await _trainer(cfg, tiny_model_path, char_tokenizer, test_engine_factory)
+async def test_fully_async_overlaps_with_staleness_one(tmp_path, grpo_config, grpo_trainer):
+    cfg = grpo_config(tmp_path, num_rollout=3, fully_async=True)
+    trainer, engine, _ = await grpo_trainer(cfg)
     versions = []
     orig = trainer.train
 
@@ -270,22 +151,16 @@ async def test_fully_async_overlaps_with_staleness_one(
     assert any(pv - min(sv) == 1 for pv, sv in versions[1:])
 
 
-async def test_resume_matches_uninterrupted(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
-):
-    straight_cfg = _cfg(tmp_path / "a", data_file, num_rollout=2)
-    straight, _, sb = await _trainer(
-        straight_cfg, tiny_model_path, char_tokenizer, test_engine_factory
-    )
+async def test_resume_matches_uninterrupted(tmp_path, grpo_config, grpo_trainer):
+    straight_cfg = grpo_config(tmp_path / "a", num_rollout=2)
+    straight, _, sb = await grpo_trainer(straight_cfg)
     await straight.run()
 
-    first_cfg = _cfg(tmp_path / "b", data_file, num_rollout=1, save=str(tmp_path / "ckpt"))
-    first, _, _ = await _trainer(first_cfg, tiny_model_path, char_tokenizer, test_engine_factory)
+    first_cfg = grpo_config(tmp_path / "b", num_rollout=1, save=str(tmp_path / "ckpt"))
+    first, _, _ = await grpo_trainer(first_cfg)
     await first.run()
-    resumed_cfg = _cfg(tmp_path / "c", data_file, num_rollout=2, load=str(tmp_path / "ckpt"))
-    resumed, engine, rb = await _trainer(
-        resumed_cfg, tiny_model_path, char_tokenizer, test_engine_factory
-    )
+    resumed_cfg = grpo_config(tmp_path / "c", num_rollout=2, load=str(tmp_path / "ckpt"))
+    resumed, engine, rb = await grpo_trainer(resumed_cfg)
     history = await resumed.run()
     assert [h.step for h in history] == [2] and engine.weight_version == 2
     assert (
@@ -297,16 +172,14 @@ async def test_resume_matches_uninterrupted(
 
 
 async def test_a_step_whose_responses_are_all_cut_off_trains_nothing_and_says_why(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+    tmp_path, grpo_config, grpo_trainer
 ):
     """The default rule: every response hits the limit, so no sample is in the loss. Each step
     is judged and recorded, trains nothing and says why; the second such step in a row stops
     the run with an error naming the flag, its value and the rule."""
-    cfg = _cfg(tmp_path, data_file, num_rollout=4, keep_cut_off=False, max_untrained_steps=2)
+    cfg = grpo_config(tmp_path, num_rollout=4, keep_cut_off=False, max_untrained_steps=2)
     assert not cfg.keep_cut_off
-    trainer, engine, backend = await _trainer(
-        cfg, tiny_model_path, char_tokenizer, test_engine_factory
-    )
+    trainer, engine, backend = await grpo_trainer(cfg)
     generate = engine.generate
 
     async def never_finishes(requests):  # the odd response that wrote EOS is cut off too
@@ -351,21 +224,18 @@ async def test_a_step_whose_responses_are_all_cut_off_trains_nothing_and_says_wh
 
 
 async def test_cut_off_responses_stay_out_of_a_step_that_trains(
-    tmp_path, data_file, tiny_model_path, char_tokenizer, test_engine_factory
+    tmp_path, grpo_config, grpo_trainer
 ):
     """A digit ends a response (a stop string), so some responses finish and the others are cut
     off: the step trains on the finished ones only, and a cut-off response moves no baseline."""
-    cfg = _cfg(
+    cfg = grpo_config(
         tmp_path,
-        data_file,
         num_rollout=1,
         keep_cut_off=False,
         rollout_stop=list("0123456789"),
         rollout_batch_size=4,
     )
-    trainer, engine, _ = await _trainer(
-        cfg, tiny_model_path, char_tokenizer, test_engine_factory, reward=LengthReward()
-    )
+    trainer, engine, _ = await grpo_trainer(cfg, reward=LengthReward())
     batches = _record_batches(trainer)
     history = await trainer.run()
     (batch,) = batches

@@ -1,4 +1,5 @@
-"""Checkpoint folders of ``--save``: their names, their metadata, their size, keeping the last N.
+"""Checkpoints of a run: their folders, their metadata, their size, keeping the last N, and the
+:class:`Checkpointer` that writes and reads them for the GRPO driver.
 
 A checkpoint is ``SAVE/step_NNNNNN/`` (written by the training backend, its step and data
 position in ``state.json``); ``SAVE/latest`` names the newest one. Reading the metadata needs
@@ -7,16 +8,26 @@ neither torch nor the weights, so a resume is checked before anything loads.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import shutil
 import struct
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rl_core.config import TrainConfig
+    from rl_core.distributed import Learner
 
 __all__ = [
     "CHECKPOINT_BYTES_PER_PARAM",
     "LATEST",
     "STATE_FILE",
+    "CheckpointError",
+    "Checkpointer",
+    "Resume",
     "checkpoint_path",
     "estimate_checkpoint_bytes",
     "keep_last",
@@ -30,6 +41,13 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 STATE_FILE = "state.json"
 #: The file in ``--save`` naming the newest checkpoint.
 LATEST = "latest"
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; what the step wrote before it (metrics, samples,
+    evaluation) is kept."""
 
 
 def step_folder(root: Path, step: int) -> Path:
@@ -86,3 +104,80 @@ def estimate_checkpoint_bytes(model_folder: Path) -> int | None:
     if not files:
         return None
     return CHECKPOINT_BYTES_PER_PARAM * sum(_safetensors_params(f) for f in files)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a loaded checkpoint says about the run: where it was, the step it completed, the
+    data position and the weight version the engines must then serve."""
+
+    path: Path
+    step: int
+    cursor: dict[str, Any]
+    weight_version: int
+
+
+class Checkpointer:
+    """``--save`` / ``--load`` of a run through its learner: when to save, the save itself (then
+    ``latest`` and ``--save-keep``), the resume, and what a stopped run saved."""
+
+    def __init__(self, cfg: TrainConfig, learner: Learner) -> None:
+        self.learner = learner
+        self.root = Path(cfg.save) if cfg.save else None
+        self.load_from = Path(cfg.load) if cfg.load else None
+        self.interval = cfg.save_interval
+        self.keep = cfg.save_keep
+        self.last_step = cfg.num_rollout
+        self.run_dir = cfg.run_dir
+        #: the step of the newest checkpoint this run wrote or resumed from
+        self.saved_step = 0
+
+    def due(self, step: int) -> bool:
+        """Whether step ``step`` (1-based) is saved: every ``--save-interval`` and the last."""
+        if self.root is None:
+            return False
+        return bool(self.interval and step % self.interval == 0) or step == self.last_step
+
+    async def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Write step ``step``'s checkpoint (``state``: the data position and weight version),
+        point ``latest`` at it, then keep the newest ``--save-keep``. Raises
+        :class:`CheckpointError` naming the step and the cause."""
+        assert self.root is not None, "save without --save"
+        root = self.root
+        path = step_folder(root, step)
+        try:
+            await self.learner.save(path, {"rollout_step": step, **state})
+            (root / LATEST).write_text(path.name)
+        except OSError as err:
+            raise CheckpointError(
+                f"saving step {step} to {path} failed: {err}; its metrics, samples and "
+                f"evaluation are in {self.run_dir}"
+            ) from err
+        self.saved_step = step
+        if self.keep:
+            for gone in await asyncio.to_thread(keep_last, root, self.keep):
+                logger.info("removed checkpoint %s (--save-keep %d)", gone, self.keep)
+        return path
+
+    async def load(self) -> Resume | None:
+        """The learner's weights and optimizer from ``--load``'s checkpoint, and what it says
+        about the run; None without ``--load``."""
+        if self.load_from is None:
+            return None
+        path = checkpoint_path(self.load_from)
+        extra = await self.learner.load(path)
+        self.saved_step = int(extra["rollout_step"])
+        return Resume(path, self.saved_step, extra["cursor"], int(extra["weight_version"]))
+
+    async def save_on_stop(self, where: str, done: int, state: dict[str, Any]) -> str:
+        """Save the last completed step ``done`` of a stopped run (unless it is saved already)
+        and say, after ``where``, what was saved."""
+        if self.root is None:
+            return f"{where}: nothing saved (no --save)"
+        if done == 0:
+            return f"{where}: nothing to save"
+        root = self.root
+        if done == self.saved_step:
+            return f"{where}: checkpoint {step_folder(root, done)} (resume with --load {root})"
+        path = await self.save(done, state)
+        return f"{where}: saved {path} (resume with --load {root})"

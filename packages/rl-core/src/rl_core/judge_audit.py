@@ -1,4 +1,5 @@
-"""How often the judge agrees with math-verify, on the samples where math-verify has a view.
+"""Where a sample's reward came from, and how often the judge agrees with math-verify on the
+samples where math-verify has a view.
 
 With ``--rule-audit`` every dapo-genrm result carries ``rule``: what math-verify says about the
 answer (``equal`` / ``not_equal``, or ``undecided`` where it cannot parse a side). A judge that
@@ -14,10 +15,26 @@ from typing import Any
 
 from rl_core.sample import Sample
 
-__all__ = ["rule_agreement"]
+__all__ = ["rule_agreement", "verdict_source"]
 
-#: where a sample's reward came from (``trainer.verdict_source``) when the judge decided it
+#: where a sample's reward came from (:func:`verdict_source`) when the judge decided it
 JUDGED = ("judge", "judge_cache", "judge_unparsed")
+
+
+def verdict_source(sample: Sample) -> str:
+    """Where a sample's reward came from: rule gate, judge, cache, or an error / other rule."""
+    d = sample.reward_details
+    if sample.status in ("judge_error", "aborted"):
+        return sample.status
+    if d.get("gate") == "hit":
+        return "gate"
+    if d.get("cache") == "hit":
+        return "judge_cache"
+    if sample.status == "unparsed":
+        return "judge_unparsed"
+    if "gate" in d or "route_key" in d:
+        return "judge"
+    return "rule"
 
 
 def rule_agreement(

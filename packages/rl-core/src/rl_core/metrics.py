@@ -1,25 +1,37 @@
-"""Per-step metrics to a JSONL file and TensorBoard, and a rich progress line per phase.
+"""Per-step metrics to a JSONL file and TensorBoard, a rich progress line per phase, GPU memory.
 
 The JSONL file (``RUN_DIR/metrics.jsonl``, one object per step, flat ``section/name`` keys) is the
-record ``rl-core plot`` and tests read; TensorBoard (``RUN_DIR/tb``) is for people. Phase times
-come from :class:`PhaseClock`, so "time per phase" in the metrics and the summary are the same
-numbers the progress display showed.
+record ``rl-core plot`` and tests read; TensorBoard (``RUN_DIR/tb``) is for people. Every phase's
+seconds, of start-up and of each step, come from :class:`PhaseClock`, so "time per phase" in the
+metrics and the summary are the same numbers the progress display showed. :class:`GpuMemoryProbe`
+reads the memory every GPU of the run uses, for the step's ``mem/`` metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rl_core.limits import ENGINE_PROBE_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from genrm_serve import EngineActor
+
 METRICS_FILE = "metrics.jsonl"
+
+#: Reads GPU memory now: ``{gpu: used GB}`` for every GPU of the run (:class:`GpuMemoryProbe`).
+MemoryProbe = Callable[[], Awaitable[dict[str, float]]]
+#: Where a phase's seconds land: ``{phase: seconds}`` (one per step, or the run's start-up).
+PhaseTimes = dict[str, float]
 
 
 class MetricsWriter:
@@ -101,47 +113,113 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 class PhaseClock:
-    """Times the phases of a step and shows each with a rich progress bar.
+    """Times the phases of a run and shows the long ones with a rich progress bar.
 
-    ``with clock.phase("rollout", total=16) as advance: ... advance()`` — the elapsed seconds land
-    in ``clock.times["rollout"]`` (summed if a phase repeats within a step).
+    The one owner of phase times: ``with clock.phase("rollout", total=16, times=t) as advance:
+    ... advance()`` shows a bar and adds the elapsed seconds to ``t["rollout"]``;
+    ``with clock.timed("train", t):`` only times. Without ``times`` the seconds land in the
+    clock's own :attr:`times`. A phase that repeats into the same ``times`` is summed.
     """
 
     def __init__(self, console: Console | None = None, *, show: bool = True) -> None:
         self.console = console or Console(stderr=True)
         self.show = show
-        self.times: dict[str, float] = {}
+        self.times: PhaseTimes = {}
+        self._started = time.perf_counter()
 
-    def reset(self) -> dict[str, float]:
+    def reset(self) -> PhaseTimes:
         times, self.times = self.times, {}
         return times
 
+    def elapsed(self) -> float:
+        """Seconds since the clock was made (a run's wall time)."""
+        return time.perf_counter() - self._started
+
     @contextmanager
-    def phase(self, name: str, total: int | None = None) -> Iterator[Any]:
+    def timed(self, key: str, times: PhaseTimes | None = None) -> Iterator[None]:
+        """Time the block: its seconds are added to ``times[key]`` (however the block ends)."""
+        sheet = self.times if times is None else times
         start = time.perf_counter()
-        if not self.show:
-            try:
+        try:
+            yield
+        finally:
+            sheet[key] = sheet.get(key, 0.0) + time.perf_counter() - start
+
+    @contextmanager
+    def phase(
+        self,
+        name: str,
+        total: int | None = None,
+        *,
+        times: PhaseTimes | None = None,
+        key: str | None = None,
+    ) -> Iterator[Any]:
+        """Show ``name``'s progress bar and time it under ``key`` (default: ``name``)."""
+        with self.timed(key or name, times):
+            if not self.show:
                 yield lambda n=1: None
-            finally:
-                self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
-            return
-        progress = Progress(
-            TextColumn(f"[bold cyan]{name:<10}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}" if total else ""),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=False,
+                return
+            progress = Progress(
+                TextColumn(f"[bold cyan]{name:<10}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}" if total else ""),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+            )
+            with progress:
+                task = progress.add_task(name, total=total)
+
+                def advance(n: int = 1) -> None:
+                    progress.advance(task, n)
+
+                try:
+                    yield advance
+                finally:
+                    if total is None:
+                        progress.update(task, total=1, completed=1)
+
+
+class GpuMemoryProbe:
+    """Used memory of every GPU of the run, read where it is used (``mem_get_info`` in each
+    trainer rank and engine: it counts every process on that GPU). Keyed ``gpu<id>`` (with
+    ``n<k>.`` for node ``k`` when the run spans nodes); GPUs without a CUDA reader are absent
+    (``--device cpu``)."""
+
+    def __init__(self, learner: Any, engines: Sequence[EngineActor]) -> None:
+        self.learner, self.engines = learner, list(engines)
+        self._engine_gpus: list[tuple[str, str]] | None = None
+
+    async def _engines_where(self) -> list[tuple[str, str]]:
+        if self._engine_gpus is None:
+            infos = await asyncio.gather(
+                *(e.info(timeout_s=ENGINE_PROBE_TIMEOUT_S) for e in self.engines)
+            )
+            self._engine_gpus = [
+                (str(i.get("node_id")), str((i.get("gpu_ids") or ["?"])[0])) for i in infos
+            ]
+        return self._engine_gpus
+
+    async def __call__(self) -> dict[str, float]:
+        ranks, where, stats = await asyncio.gather(
+            self.learner.memory(),
+            self._engines_where(),
+            asyncio.gather(*(e.stats(timeout_s=ENGINE_PROBE_TIMEOUT_S) for e in self.engines)),
         )
-        with progress:
-            task = progress.add_task(name, total=total)
-
-            def advance(n: int = 1) -> None:
-                progress.advance(task, n)
-
-            try:
-                yield advance
-            finally:
-                if total is None:
-                    progress.update(task, total=1, completed=1)
-                self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
+        readings: dict[tuple[str, str], float] = {}
+        for r in ranks:
+            if "gpu_used_bytes" in r and r.get("gpu_ids"):
+                key = (str(r.get("node_id", "")), str(r["gpu_ids"][0]))
+                readings[key] = max(readings.get(key, 0.0), float(r["gpu_used_bytes"]))
+        for (node, gpu), st in zip(where, stats, strict=True):
+            if "gpu_used_bytes" in st:
+                key = (node, gpu)
+                readings[key] = max(readings.get(key, 0.0), float(st["gpu_used_bytes"]))
+        # rank and engine reports name nodes differently; fold by GPU id on one node
+        nodes = sorted({n for n, _ in readings if n})
+        out: dict[str, float] = {}
+        for (node, gpu), used in sorted(readings.items()):
+            prefix = f"n{nodes.index(node)}." if len(nodes) > 1 and node in nodes else ""
+            name = f"{prefix}gpu{gpu}"
+            out[name] = max(out.get(name, 0.0), used / 1e9)
+        return out

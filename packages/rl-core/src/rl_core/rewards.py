@@ -9,6 +9,9 @@ batch scored, judge sleeps — so users do not write it; ``--custom-reward-post-
 replaces the scoring (not the swap) with ``async def hook(args, samples) -> list[dict] | None``
 (results to apply, or ``None`` when the hook set ``sample.reward`` / ``status`` itself).
 
+rl-core's own reward functions are handed the run's judge client (:func:`reward_setup`); they do
+not look for the judge service in the environment.
+
 A reward function that raises is recorded as ``judge_error`` on that sample (with the error), never
 as 0, and the step's judge-error budget decides whether training continues.
 """
@@ -16,13 +19,15 @@ as 0, and the step's judge-error budget decides whether training continues.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from genrm_client import GenRMError
-from genrm_rewards.types import BatchRewardFn, RewardFn
+from genrm_rewards.types import BatchRewardFn, JudgeClient, RewardFn, SampleLike
 from rl_core.limits import REWARD_TIMEOUT_S
 from rl_core.phases import PhaseMachine
 from rl_core.sample import Sample
@@ -30,6 +35,7 @@ from rl_core.sample import Sample
 logger = logging.getLogger(__name__)
 
 PostProcessHook = Callable[["PostProcessContext", list[Sample]], Awaitable[None]]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class JudgeFailureError(RuntimeError):
@@ -181,3 +187,87 @@ def check_judge_errors(samples: Sequence[Sample], max_fraction: float, step: int
             f"on noise. First error: {example}"
         )
     return len(failed)
+
+
+@dataclass
+class RewardSetup:
+    """The reward path of a run: inline function, or deferred with a post-process hook."""
+
+    args: Any
+    reward_key: str
+    inline_fn: RewardFn | None
+    batch_fn: BatchRewardFn | None = None
+    post_process: PostProcessHook | None = None
+    concurrency: int = 32
+
+    @property
+    def deferred(self) -> bool:
+        return self.post_process is not None
+
+
+def _takes_client(fn: Callable[..., Any]) -> bool:
+    try:
+        return "client" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable without a readable signature
+        return False
+
+
+def with_judge(fn: F, judge: JudgeClient | None) -> F:
+    """``fn`` with ``client=judge`` bound where it takes a judge client (genrm-rewards' judge
+    rewards do); any other function, or no judge, unchanged."""
+    if judge is None or not _takes_client(fn):
+        return fn
+    bound = functools.partial(fn, client=judge)
+    return bound  # type: ignore[return-value]
+
+
+def _deferred_batch_fn(judge: JudgeClient | None) -> BatchRewardFn:
+    """``--defer-reward-to-post-process``: the batch is scored by ``deferred_rm_type``'s batch
+    function, handed the judge client (genrm-rewards' ``score_deferred`` without one)."""
+    from genrm_rewards import as_batch, get_batch_reward_fn, get_reward_fn, resolve_args
+    from genrm_rewards.defer import score_deferred
+
+    if judge is None:
+        return score_deferred
+
+    async def score(args: Any, samples: Sequence[SampleLike]) -> Sequence[Mapping[str, Any]]:
+        name = resolve_args(args).deferred_rm_type
+        if name == "dummy":  # score_deferred refuses it, with its own message
+            return await score_deferred(args, samples)
+        batch = get_batch_reward_fn(name)
+        if _takes_client(batch):
+            return await with_judge(batch, judge)(args, samples)
+        fn = get_reward_fn(name)
+        if _takes_client(fn):  # no batch variant of its own: the per-sample one over the batch
+            batch = as_batch(with_judge(fn, judge))
+        return await batch(args, samples)
+
+    return score
+
+
+def reward_setup(cfg: Any, judge: JudgeClient | None = None) -> RewardSetup:
+    """The reward path the config asks for; ``judge``: the client of the run's judge service,
+    handed to every reward function that takes one."""
+    from genrm_rewards import load_custom, resolve_reward_fn
+
+    if cfg.defer_reward_to_post_process:
+        hook: PostProcessHook = defer_swap_post_process
+        if cfg.custom_reward_post_process_path:
+            user_hook = load_custom(
+                cfg.custom_reward_post_process_path, setting="--custom-reward-post-process-path"
+            )
+            hook = custom_post_process(user_hook)
+        return RewardSetup(
+            args=cfg,
+            reward_key=cfg.reward_key,
+            inline_fn=None,
+            batch_fn=_deferred_batch_fn(judge),
+            post_process=hook,
+            concurrency=cfg.reward_concurrency,
+        )
+    return RewardSetup(
+        args=cfg,
+        reward_key=cfg.reward_key,
+        inline_fn=with_judge(resolve_reward_fn(cfg), judge),
+        concurrency=cfg.reward_concurrency,
+    )

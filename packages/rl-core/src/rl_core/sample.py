@@ -107,3 +107,14 @@ class Sample:
             )
         self.reward = float(score)
         self.status = status
+
+
+def accuracy(sample: Sample) -> float | None:
+    """Whether the sample is right, 1.0 or 0.0 (the reward's ``acc``, else its reward over
+    0.5); None without a reward."""
+    if sample.reward is None:
+        return None
+    acc = sample.reward_details.get("acc")
+    if isinstance(acc, int | float) and not isinstance(acc, bool):
+        return float(acc)
+    return 1.0 if sample.reward > 0.5 else 0.0

@@ -12,12 +12,16 @@ Ray, and the exit status is the shell's ``128 + signal`` (143 / 130).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+from collections.abc import Awaitable
+from typing import TypeVar
 
 __all__ = ["STOP_SIGNALS", "StopRequest"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The signals a scheduler's preemption (SIGTERM) and a user's Ctrl-C (SIGINT) send.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -88,3 +92,18 @@ class StopRequest:
 
     async def wait(self) -> None:
         await self.event.wait()
+
+    async def unless_stopped(self, work: Awaitable[T]) -> T | None:
+        """``work``'s result, or None when a stop signal came first (``work`` is cancelled:
+        nothing of it is kept, e.g. a rollout the resume redoes)."""
+        task = asyncio.ensure_future(work)
+        waiter = asyncio.ensure_future(self.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        return None if task.cancelled() else task.result()

@@ -177,7 +177,7 @@ def render_summary(
 ) -> None:
     """Print per-step phase times, reward statistics and verdict sources (and ``notes`` on
     how the run was set up, e.g. that KL is not computed). ``evals``: every evaluation of the
-    run (the trainer's ``eval_history``, one before training included); else those in
+    run (the evaluation's ``history``, one before training included); else those in
     ``history``."""
     console = console or Console()
     if precision:

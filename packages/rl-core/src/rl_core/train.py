@@ -33,11 +33,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 130
     from genrm_serve import EngineStartError
+    from rl_core.checkpoints import CheckpointError
     from rl_core.launch import run_training
     from rl_core.placement import PlacementError, PlacementUnavailableError
     from rl_core.rewards import JudgeFailureError
     from rl_core.stopping import StopRequest
-    from rl_core.trainer import CheckpointError, NothingToTrainError
+    from rl_core.trainer import NothingToTrainError
 
     stop = StopRequest()
     try:

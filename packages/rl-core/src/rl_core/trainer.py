@@ -1,9 +1,11 @@
-"""The GRPO driver: rollout → rewards → advantages → train → weight sync → eval → save.
+"""The GRPO driver: rollout → rewards → advantages → train → weight sync, step after step.
 
-:meth:`GRPOTrainer.run` is meant to read like the algorithm. Everything it talks to is injected —
+:meth:`GRPOTrainer.run` is meant to read like the algorithm. Everything it talks to is handed in —
 a training backend, rollout engine handles, a phase machine built from the placement plan, reward
-functions — so the same loop runs on a GPU cluster, on this CPU machine, and in tests with tiny
-models. Building those parts from flags (Ray, the judge service, engines) is ``rl_core.launch``.
+functions, the evaluation (``rl_core.evaluation``), the checkpoints (``rl_core.checkpoints``) and
+the stop signals (``rl_core.stopping``) — so the same loop runs on a GPU cluster, on this CPU
+machine, and in tests with tiny models. Building those parts from flags (Ray, the judge service,
+engines) is ``rl_core.launch`` and ``rl_core.services``.
 """
 
 from __future__ import annotations
@@ -12,47 +14,36 @@ import asyncio
 import contextlib
 import logging
 import statistics
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from genrm_rewards.types import BatchRewardFn, RewardFn
 from rl_core.backends.base import TrainItem
-from rl_core.checkpoints import LATEST, checkpoint_path, keep_last, step_folder
+from rl_core.checkpoints import Checkpointer, Resume
 from rl_core.config import TrainConfig
 from rl_core.data import PromptCursor, PromptDataset
 from rl_core.distributed import ForwardGroup, Learner
 from rl_core.engines import EngineHandle, StaleWeightsError
-from rl_core.grpo.advantages import Advantages, grpo_advantages
-from rl_core.judge_audit import rule_agreement
-from rl_core.metrics import MetricsWriter, PhaseClock
+from rl_core.evaluation import Evaluation
+from rl_core.grpo.advantages import Advantages, sample_advantages
+from rl_core.judge_audit import rule_agreement, verdict_source
+from rl_core.metrics import MemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
 from rl_core.phases import PhaseMachine
 from rl_core.rewards import (
     InlineRewards,
     PostProcessContext,
-    PostProcessHook,
+    RewardSetup,
     check_judge_errors,
     check_scored,
     judgeable,
 )
-from rl_core.rollout import SEED_EVAL, SEED_TRAIN, RolloutSettings, generate_groups, make_group
-from rl_core.sample import Sample
+from rl_core.rollout import SEED_TRAIN, RolloutSettings, generate_groups, make_group
+from rl_core.sample import Sample, accuracy
 from rl_core.stopping import StopRequest
 from rl_core.weight_sync import ObjectStoreSync, WeightSync
 
-#: Reads GPU memory now: ``{gpu: used GB}`` for every GPU of the run (see ``rl_core.launch``).
-MemoryProbe = Callable[[], Awaitable[dict[str, float]]]
-
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written; what the step wrote before it (metrics, samples,
-    evaluation) is kept."""
 
 
 class NothingToTrainError(RuntimeError):
@@ -70,38 +61,6 @@ class StepRecord:
     verdicts: Counter[str] = field(default_factory=Counter)
     #: why the step trained nothing (no sample in the loss), None when it trained
     untrained: str | None = None
-
-
-@dataclass
-class RewardSetup:
-    """The reward path of a run: inline function, or deferred with a post-process hook."""
-
-    args: Any
-    reward_key: str
-    inline_fn: RewardFn | None
-    batch_fn: BatchRewardFn | None = None
-    post_process: PostProcessHook | None = None
-    concurrency: int = 32
-
-    @property
-    def deferred(self) -> bool:
-        return self.post_process is not None
-
-
-def verdict_source(sample: Sample) -> str:
-    """Where a sample's reward came from: rule gate, judge, cache, or an error / other rule."""
-    d = sample.reward_details
-    if sample.status in ("judge_error", "aborted"):
-        return sample.status
-    if d.get("gate") == "hit":
-        return "gate"
-    if d.get("cache") == "hit":
-        return "judge_cache"
-    if sample.status == "unparsed":
-        return "judge_unparsed"
-    if "gate" in d or "route_key" in d:
-        return "judge"
-    return "rule"
 
 
 def sample_row(s: Sample) -> dict[str, Any]:
@@ -123,15 +82,6 @@ def sample_row(s: Sample) -> dict[str, Any]:
         "weight_version": s.weight_version,
         "details": {k: v for k, v in s.reward_details.items() if k not in ("score", "status")},
     }
-
-
-def _acc(sample: Sample) -> float | None:
-    if sample.reward is None:
-        return None
-    acc = sample.reward_details.get("acc")
-    if isinstance(acc, int | float) and not isinstance(acc, bool):
-        return float(acc)
-    return 1.0 if sample.reward > 0.5 else 0.0
 
 
 #: What a step with cut-off responses and nothing to train says after its reason.
@@ -197,7 +147,9 @@ class GRPOTrainer:
         phases: PhaseMachine,
         rewards: RewardSetup,
         train_data: PromptDataset,
-        eval_data: PromptDataset | None = None,
+        evaluation: Evaluation | None = None,
+        checkpoints: Checkpointer | None = None,
+        stop: StopRequest | None = None,
         reference: ForwardGroup | None = None,
         actor_fwd: ForwardGroup | None = None,
         overlap: bool = False,
@@ -205,33 +157,33 @@ class GRPOTrainer:
         clock: PhaseClock | None = None,
         weight_sync: WeightSync | None = None,
         memory_probe: MemoryProbe | None = None,
-        stop: StopRequest | None = None,
         seeded: bool = True,
     ) -> None:
         self.cfg = cfg
-        #: the run's seed reaches the rollout engines' sampling (not where they cannot honour it)
-        self._sampling_seed = cfg.seed if seeded else None
         self.learner = learner
         self.tokenizer = tokenizer
         self.engines = list(rollout_engines)
         self.phases = phases
         self.rewards = rewards
         self.train_data = train_data
-        self.eval_data = eval_data
+        #: what the run evaluates and when (``--eval-*``); without one, the run has no eval set
+        self.evaluation = evaluation or Evaluation(cfg, None)
+        #: ``--save`` / ``--load``
+        self.checkpoints = checkpoints or Checkpointer(cfg, learner)
+        #: SIGTERM / SIGINT: stop at the next safe point and save the last completed step
+        self.stop = stop or StopRequest()
+        #: what the run did on a stop signal, in one line (None: it was not stopped)
+        self.stop_report: str | None = None
         self.reference = reference
         self.actor_fwd = actor_fwd
         #: fully-async: step k+1's rollout runs while step k trains (samples ≤ 1 version stale)
         self.overlap = overlap
         self.metrics = metrics or MetricsWriter(cfg.run_dir)
+        #: every phase's seconds go through it (the step metrics' ``time/`` and the summary)
         self.clock = clock or PhaseClock()
         #: how weights reach the engines (the plan chooses: CUDA IPC, broadcast, object store)
         self.weight_sync: WeightSync = weight_sync or ObjectStoreSync(learner, self.engines)
         self.memory_probe = memory_probe
-        #: SIGTERM / SIGINT: stop at the next safe point and save the last completed step
-        self.stop = stop
-        #: what the run did on a stop signal, in one line (None: it was not stopped)
-        self.stop_report: str | None = None
-        self._saved_step = 0
         self._memory: dict[str, float] = {}
         self.cursor = PromptCursor(size=len(train_data), seed=cfg.seed)
         if not cfg.rollout_shuffle:
@@ -239,7 +191,6 @@ class GRPOTrainer:
         self.weight_version = 0
         self.start_step = 0
         self.history: list[StepRecord] = []
-        self.eval_history: list[dict[str, Any]] = []
         self.settings = RolloutSettings(
             n_samples_per_prompt=cfg.n_samples_per_prompt,
             max_response_len=cfg.rollout_max_response_len,
@@ -250,7 +201,8 @@ class GRPOTrainer:
             apply_chat_template=cfg.apply_chat_template,
             max_prompt_len=cfg.rollout_max_prompt_len,
             need_logprobs=cfg.use_tis,
-            seed=self._sampling_seed,
+            # the run's seed reaches the rollout engines' sampling (not where they cannot honour it)
+            seed=cfg.seed if seeded else None,
             keep_cut_off=cfg.keep_cut_off,
         )
         #: steps in a row that trained nothing (no sample in the loss)
@@ -266,21 +218,22 @@ class GRPOTrainer:
         signal the step still in rollout is abandoned, a step that trains is finished, and the
         last completed step is saved (with ``--save``).
         """
-        if self.cfg.load:
-            await self.load(Path(self.cfg.load))
+        resume = await self.checkpoints.load()
+        if resume is not None:
+            await self.resume(resume)
         steps = range(self.start_step, self.cfg.num_rollout)
-        if self.cfg.eval_before_and_after and self.eval_data is not None and steps:
-            t0 = time.perf_counter()
-            before = await self.evaluate(self.start_step)
-            self.metrics.log(self.start_step, {**before, "time/eval": time.perf_counter() - t0})
-        ahead: asyncio.Task[tuple[list[Sample], dict[str, float]]] | None = None
-        if self.stop is not None:
-            self.stop.graceful = True  # a signal now stops at a safe point (and saves)
+        if self.evaluation.before_training and steps:
+            times: PhaseTimes = {}
+            with self.clock.timed("eval", times):
+                before = await self.evaluate(self.start_step)
+            self.metrics.log(self.start_step, {**before, "time/eval": times["eval"]})
+        ahead: asyncio.Task[tuple[list[Sample], PhaseTimes]] | None = None
+        self.stop.graceful = True  # a signal now stops at a safe point (and saves)
         for step in steps:
-            if self.stopping:
+            if self.stop.requested:
                 break
             await self.phases.enter("inference")
-            rolled = await self._unless_stopped(ahead or self.rollout(step))
+            rolled = await self.stop.unless_stopped(ahead or self.rollout(step))
             ahead = None
             if rolled is None:
                 break  # a stop signal: this step is abandoned, the resume redoes it
@@ -310,30 +263,23 @@ class GRPOTrainer:
             await self.finish_step(step, batch, adv, errors, train_metrics, times, untrained)
             if untrained is not None and self._untrained_steps >= self.cfg.max_untrained_steps:
                 raise NothingToTrainError(self._nothing_trained(step + 1, batch, untrained))
-        if self.stopping:
-            await self._save_on_stop(ahead)
-        if self.stop is not None:
-            self.stop.abrupt()
+        if self.stop.requested:
+            await self._stopped(ahead)
+        self.stop.abrupt()
         self.metrics.close()
         return self.history
 
-    async def _train_and_sync(
-        self, batch: list[Sample], times: dict[str, float]
-    ) -> dict[str, float]:
+    async def _train_and_sync(self, batch: list[Sample], times: PhaseTimes) -> dict[str, float]:
         """The step's optimizer steps, then its weights to the rollout engines."""
         await self.phases.enter("train")
-        t0 = time.perf_counter()
-        train_metrics = await self.train(batch)
-        times["train"] = time.perf_counter() - t0
+        with self.clock.timed("train", times):
+            train_metrics = await self.train(batch)
         await self.record_memory("train")
-
-        t0 = time.perf_counter()
-        if not self.overlap:
-            await self.phases.enter("inference")
-        times["wake"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        await self.sync_weights(self.weight_version + 1)
-        times["weight_sync"] = time.perf_counter() - t0
+        with self.clock.timed("wake", times):
+            if not self.overlap:
+                await self.phases.enter("inference")
+        with self.clock.timed("weight_sync", times):
+            await self.sync_weights(self.weight_version + 1)
         await self.record_memory("weight_sync")
         return train_metrics
 
@@ -349,54 +295,36 @@ class GRPOTrainer:
             )
         return text + reason + cut_off_advice(batch)
 
-    @property
-    def stopping(self) -> bool:
-        return self.stop is not None and self.stop.requested
+    async def resume(self, resume: Resume) -> None:
+        """Go on from a loaded checkpoint: its data position and step; what the run directory
+        recorded beyond its step (metrics, samples, TensorBoard) is cut, so the steps redone
+        are not recorded twice; the engines take its weights."""
+        self.cursor.restore(resume.cursor)
+        self.start_step = resume.step
+        self.metrics.truncate(self.start_step)
+        if self.phases.current not in (None, "inference"):
+            await self.phases.enter("inference")  # engines take weights awake
+        await self.sync_weights(resume.weight_version)
+        logger.info("resumed from %s at step %d", resume.path, self.start_step)
 
-    async def _unless_stopped(self, work: Awaitable[T]) -> T | None:
-        """``work``'s result, or None when a stop signal came first (``work`` is cancelled:
-        nothing of a rollout is kept, the next run redoes the step)."""
-        task = asyncio.ensure_future(work)
-        if self.stop is None:
-            return await task
-        waiter = asyncio.ensure_future(self.stop.wait())
-        try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        return None if task.cancelled() else task.result()
-
-    async def _save_on_stop(self, ahead: asyncio.Task[Any] | None) -> None:
-        """The last completed step saved (unless it is already), and what was saved said in
-        :attr:`stop_report`; a rollout started ahead (fully-async) is dropped."""
-        assert self.stop is not None
+    async def _stopped(self, ahead: asyncio.Task[Any] | None) -> None:
+        """A stop signal ended the loop: a rollout started ahead (fully-async) is dropped, the
+        last completed step saved, and what was saved said in :attr:`stop_report`."""
         if ahead is not None:
             ahead.cancel()
             with contextlib.suppress(BaseException):
                 await ahead
         done = self.history[-1].step if self.history else self.start_step
         where = f"stopped by {self.stop.name} after step {done} of {self.cfg.num_rollout}"
-        if not self.cfg.save:
-            self.stop_report = f"{where}: nothing saved (no --save)"
-        elif done == 0:
-            self.stop_report = f"{where}: nothing to save"
-        elif done == self._saved_step:
-            root = Path(self.cfg.save)
-            self.stop_report = (
-                f"{where}: checkpoint {step_folder(root, done)} (resume with --load {root})"
-            )
-        else:
-            root = Path(self.cfg.save)
-            path = await self.save(root, done)
-            self.stop_report = f"{where}: saved {path} (resume with --load {root})"
+        self.stop_report = await self.checkpoints.save_on_stop(where, done, self._state())
+
+    def _state(self) -> dict[str, Any]:
+        """What a checkpoint keeps beside the weights: the data position, the weight version."""
+        return {"cursor": self.cursor.state(), "weight_version": self.weight_version}
 
     # --- the parts of a step ---------------------------------------------------------------------
 
-    async def rollout(self, step: int) -> tuple[list[Sample], dict[str, float]]:
+    async def rollout(self, step: int) -> tuple[list[Sample], PhaseTimes]:
         """Generate the step's groups and score every sample (inline as groups finish, or the
         whole batch after rollout in defer mode)."""
         cfg = self.cfg
@@ -405,7 +333,7 @@ class GRPOTrainer:
             make_group(self.train_data.records[i], gid, cfg.n_samples_per_prompt)
             for gid, i in enumerate(idx)
         ]
-        times: dict[str, float] = {}
+        times: PhaseTimes = {}
         batch = await self._generate_and_score(
             groups, self.settings, seed_key=(SEED_TRAIN, step), label="rollout", times=times
         )
@@ -413,16 +341,8 @@ class GRPOTrainer:
         return batch, times
 
     def advantages(self, batch: list[Sample]) -> Advantages:
-        """GRPO advantages over the samples in the loss; the others get 0 and stay out of their
-        group's mean and std (one membership rule for both: ``Sample.in_loss``)."""
-        adv = grpo_advantages(
-            [s.reward if s.in_loss else None for s in batch],
-            [s.group_id for s in batch],
-            normalize_std=self.cfg.grpo_std_normalization,
-        )
-        for s, a, ok in zip(batch, adv.values, adv.valid, strict=True):
-            s.advantage = a if ok else 0.0
-        return adv
+        """GRPO advantages over the samples in the loss (``rl_core.grpo.advantages``)."""
+        return sample_advantages(batch, normalize_std=self.cfg.grpo_std_normalization)
 
     async def train(self, batch: list[Sample]) -> dict[str, float]:
         """Log-probs from the forward-only roles where the plan has them, then the optimizer
@@ -470,7 +390,7 @@ class GRPOTrainer:
         adv: Advantages,
         errors: int,
         train_metrics: dict[str, float],
-        times: dict[str, float],
+        times: PhaseTimes,
         untrained: str | None = None,
     ) -> None:
         """Metrics, evaluation, checkpoint and sample dump of a step (``untrained``: why it
@@ -502,14 +422,12 @@ class GRPOTrainer:
                 _fmt(metrics["rollout/reward_mean"]),
                 metrics["rollout/reward_samples"],
             )
-        last = step + 1 == self.cfg.num_rollout and self.cfg.eval_before_and_after
-        if (self.cfg.eval_interval and (step + 1) % self.cfg.eval_interval == 0) or last:
-            if self.stopping:
+        if self.evaluation.due(step + 1):
+            if self.stop.requested:
                 logger.warning("step %d: evaluation skipped (stopping)", step + 1)
             else:
-                t0 = time.perf_counter()
-                metrics.update(await self.evaluate(step + 1))
-                times["eval"] = time.perf_counter() - t0
+                with self.clock.timed("eval", times):
+                    metrics.update(await self.evaluate(step + 1))
         metrics.update({f"time/{k}": v for k, v in times.items()})
         # every sleep / wake / offload / onload of this step, summed per participant and action
         metrics.update({f"handoff/{k}": v for k, v in self.phases.take_timings().items()})
@@ -520,13 +438,9 @@ class GRPOTrainer:
         self.metrics.log(step + 1, metrics)
         self.metrics.log_samples(f"step_{step + 1:06d}", [sample_row(s) for s in batch])
         self.history.append(StepRecord(step + 1, metrics, times, verdicts, untrained))
-        if self.cfg.save and (
-            (self.cfg.save_interval and (step + 1) % self.cfg.save_interval == 0)
-            or step + 1 == self.cfg.num_rollout
-        ):
-            t0 = time.perf_counter()
-            await self.save(Path(self.cfg.save), step + 1)
-            times["save"] = time.perf_counter() - t0
+        if self.checkpoints.due(step + 1):
+            with self.clock.timed("save", times):
+                await self.checkpoints.save(step + 1, self._state())
 
     async def _generate_and_score(
         self,
@@ -535,8 +449,12 @@ class GRPOTrainer:
         *,
         seed_key: tuple[int, int],
         label: str,
-        times: dict[str, float],
+        times: PhaseTimes,
     ) -> list[Sample]:
+        """Generate ``groups`` and score every sample: inline as each group finishes, or the
+        whole batch afterwards through the post-process hook; timed into ``times`` as ``label``
+        and ``reward_wait`` (inline: what the rewards still took after the rollout) or
+        ``reward``."""
         inline = None
         if not self.rewards.deferred:
             assert self.rewards.inline_fn is not None
@@ -547,8 +465,7 @@ class GRPOTrainer:
                 concurrency=self.rewards.concurrency,
             )
         n = sum(len(g) for g in groups)
-        t0 = time.perf_counter()
-        with self.clock.phase(label, total=n) as advance:
+        with self.clock.phase(label, total=n, times=times) as advance:
 
             def done(group: list[Sample]) -> None:
                 advance(len(group))
@@ -558,10 +475,9 @@ class GRPOTrainer:
             await generate_groups(
                 self.engines, groups, self.tokenizer, settings, done, seed_key=seed_key
             )
-        times[label] = time.perf_counter() - t0
         samples = [s for g in groups for s in g]
-        t0 = time.perf_counter()
-        with self.clock.phase("reward", total=None):
+        waited = "reward_wait" if inline is not None else "reward"
+        with self.clock.phase("reward", total=None, times=times, key=waited):
             if inline is not None:
                 await inline.drain()
             else:
@@ -570,7 +486,18 @@ class GRPOTrainer:
                     self.rewards.args, self.phases, self.rewards.batch_fn, self.rewards.reward_key
                 )
                 await self.rewards.post_process(ctx, judgeable(samples))
-        times["reward_wait" if inline is not None else "reward"] = time.perf_counter() - t0
+        return samples
+
+    async def _generate_awake(
+        self, groups: list[list[Sample]], settings: RolloutSettings, **how: Any
+    ) -> list[Sample]:
+        """:meth:`_generate_and_score` outside the step: the rollout engines are woken first,
+        and woken again after a deferred batch (whose scoring put them to sleep)."""
+        if self.phases.current != "inference":
+            await self.phases.enter("inference")
+        samples = await self._generate_and_score(groups, settings, **how)
+        if self.rewards.deferred:
+            await self.phases.enter("inference")
         return samples
 
     def _check_staleness(self, batch: list[Sample], max_staleness: int) -> None:
@@ -586,60 +513,14 @@ class GRPOTrainer:
                 )
 
     async def evaluate(self, step: int) -> dict[str, Any]:
-        """Accuracy (pass@1 over n samples) and mean reward on the evaluation set."""
-        if self.eval_data is None:
-            return {}
-        cfg = self.cfg
-        records = self.eval_data.records[: cfg.eval_limit]
-        groups = [
-            make_group(r, gid, cfg.n_samples_per_eval_prompt) for gid, r in enumerate(records)
-        ]
-        settings = RolloutSettings(
-            n_samples_per_prompt=cfg.n_samples_per_eval_prompt,
-            max_response_len=cfg.eval_max_response_len or cfg.rollout_max_response_len,
-            temperature=cfg.eval_temperature
-            if cfg.eval_temperature is not None
-            else cfg.rollout_temperature,
-            top_p=cfg.rollout_top_p,
-            top_k=cfg.rollout_top_k,
-            stop=self.settings.stop,
-            apply_chat_template=cfg.apply_chat_template,
-            need_logprobs=False,
-            seed=self._sampling_seed,
-            keep_cut_off=cfg.keep_cut_off,
-        )
-        if self.phases.current != "inference":
-            await self.phases.enter("inference")
-        samples = await self._generate_and_score(
-            groups, settings, seed_key=(SEED_EVAL, step), label="eval", times={}
-        )
-        if self.rewards.deferred:
-            await self.phases.enter("inference")
-        scored = [s for s in samples if s.reward is not None]
-        per_prompt: dict[int, list[float]] = {}
-        for s in scored:
-            a = _acc(s)
-            if a is not None:
-                per_prompt.setdefault(s.group_id, []).append(a)
-        pass1 = [statistics.fmean(v) for v in per_prompt.values()]
-        out = {
-            "eval/accuracy": statistics.fmean(pass1) if pass1 else None,
-            "eval/reward_mean": statistics.fmean([s.reward or 0.0 for s in scored])
-            if scored
-            else None,
-            "eval/judge_errors": sum(1 for s in samples if s.status == "judge_error"),
-            "eval/samples": len(samples),
-            "eval/response_len_mean": statistics.fmean(s.response_length for s in samples),
-            **rule_agreement(samples, [verdict_source(s) for s in samples], "eval/"),
-        }
-        self.eval_history.append({"step": step, **out})
-        return out
+        """The evaluation after step ``step`` (``rl_core.evaluation``), on awake engines."""
+        return await self.evaluation.run(step, self._generate_awake, self.settings)
 
-    # --- metrics, checkpoints --------------------------------------------------------------------
+    # --- metrics ---------------------------------------------------------------------------------
 
     def _rollout_metrics(self, batch: list[Sample]) -> dict[str, Any]:
         rewards = [s.reward for s in batch if s.reward is not None]
-        accs = [a for a in (_acc(s) for s in batch) if a is not None]
+        accs = [a for a in (accuracy(s) for s in batch) if a is not None]
         lens = [s.response_length for s in batch]
         return {
             "rollout/samples": len(batch),
@@ -657,45 +538,6 @@ class GRPOTrainer:
             "rollout/in_loss": sum(1 for s in batch if s.in_loss),
             **rule_agreement(batch, [verdict_source(s) for s in batch], "rollout/"),
         }
-
-    async def save(self, root: Path, step: int) -> Path:
-        """Write step ``step``'s checkpoint, point ``latest`` at it, then keep the newest
-        ``--save-keep``. Raises :class:`CheckpointError` naming the step and the cause."""
-        path = step_folder(root, step)
-        try:
-            await self.learner.save(
-                path,
-                {
-                    "rollout_step": step,
-                    "cursor": self.cursor.state(),
-                    "weight_version": self.weight_version,
-                },
-            )
-            (root / LATEST).write_text(path.name)
-        except OSError as err:
-            raise CheckpointError(
-                f"saving step {step} to {path} failed: {err}; its metrics, samples and "
-                f"evaluation are in {self.cfg.run_dir}"
-            ) from err
-        self._saved_step = step
-        if self.cfg.save_keep:
-            for gone in await asyncio.to_thread(keep_last, root, self.cfg.save_keep):
-                logger.info("removed checkpoint %s (--save-keep %d)", gone, self.cfg.save_keep)
-        return path
-
-    async def load(self, root: Path) -> None:
-        """Resume from ``root``'s checkpoint: weights, optimizer, data position; what the run
-        directory recorded beyond its step (metrics, samples, TensorBoard) is cut, so the
-        steps redone are not recorded twice."""
-        path = checkpoint_path(root)
-        extra = await self.learner.load(path)
-        self.cursor.restore(extra["cursor"])
-        self.start_step = self._saved_step = int(extra["rollout_step"])
-        self.metrics.truncate(self.start_step)
-        if self.phases.current not in (None, "inference"):
-            await self.phases.enter("inference")  # engines take weights awake
-        await self.sync_weights(int(extra["weight_version"]))
-        logger.info("resumed from %s at step %d", path, self.start_step)
 
 
 def _fmt(value: float | None) -> str:

@@ -3,7 +3,8 @@
 GRPO scores each sample against the other samples of its prompt: ``A = (r - mean) / std``. A
 sample whose judge failed has no reward (``None``); counting it as 0 would hand every other sample
 of its group a false positive advantage, so it is left out of its group's mean and std here and
-masked out of the loss (its advantage is 0 and ``valid`` is False).
+masked out of the loss (its advantage is 0 and ``valid`` is False). :func:`sample_advantages`
+applies the rule to a batch of samples, with the loss's own membership (``Sample.in_loss``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from rl_core.sample import Sample
 
 
 @dataclass(frozen=True)
@@ -70,3 +73,17 @@ def grpo_advantages(
     return Advantages(
         values=values, valid=valid, num_groups=len(all_groups), num_degenerate_groups=degenerate
     )
+
+
+def sample_advantages(batch: Sequence[Sample], *, normalize_std: bool = True) -> Advantages:
+    """GRPO advantages over the samples in the loss, written to each ``sample.advantage``; the
+    others get 0 and stay out of their group's mean and std (one membership rule for both:
+    ``Sample.in_loss``)."""
+    adv = grpo_advantages(
+        [s.reward if s.in_loss else None for s in batch],
+        [s.group_id for s in batch],
+        normalize_std=normalize_std,
+    )
+    for s, a, ok in zip(batch, adv.values, adv.valid, strict=True):
+        s.advantage = a if ok else 0.0
+    return adv

@@ -1,0 +1,110 @@
+"""The held-out evaluation of a run: accuracy (pass@1 over n samples) and mean reward.
+
+It runs before training (``--eval-before-and-after``), every ``--eval-interval`` steps and after
+the last step, on the rollout engines with the run's reward path: the trainer hands it its own
+generate-and-score, so an evaluation sample is produced and judged exactly like a training one,
+with its own sampling settings (``--eval-*``) and seeds that never meet the training ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any, Protocol
+
+from rl_core.config import TrainConfig
+from rl_core.data import PromptDataset
+from rl_core.judge_audit import rule_agreement, verdict_source
+from rl_core.metrics import PhaseTimes
+from rl_core.rollout import SEED_EVAL, RolloutSettings, make_group
+from rl_core.sample import Sample, accuracy
+
+__all__ = ["Evaluation", "GenerateAndScore", "measure"]
+
+
+class GenerateAndScore(Protocol):
+    """The trainer's rollout: generate ``groups`` and score every sample."""
+
+    async def __call__(
+        self,
+        groups: list[list[Sample]],
+        settings: RolloutSettings,
+        *,
+        seed_key: tuple[int, int],
+        label: str,
+        times: PhaseTimes,
+    ) -> list[Sample]: ...
+
+
+class Evaluation:
+    """When the run evaluates, on what, and what the evaluations measured (:attr:`history`)."""
+
+    def __init__(self, cfg: TrainConfig, data: PromptDataset | None) -> None:
+        self.cfg = cfg
+        #: the evaluation set (None: the run has none, and an evaluation measures nothing)
+        self.data = data
+        #: one record per evaluation: ``{"step": ..., "eval/...": ...}`` (the summary's lines)
+        self.history: list[dict[str, Any]] = []
+
+    @property
+    def before_training(self) -> bool:
+        """Whether the run evaluates once before its first step."""
+        return self.cfg.eval_before_and_after and self.data is not None
+
+    def due(self, step: int) -> bool:
+        """Whether the run evaluates after step ``step`` (1-based)."""
+        cfg = self.cfg
+        last = step == cfg.num_rollout and cfg.eval_before_and_after
+        return bool(cfg.eval_interval and step % cfg.eval_interval == 0) or last
+
+    def settings(self, rollout: RolloutSettings) -> RolloutSettings:
+        """The evaluation's sampling: the rollout's, with the ``--eval-*`` flags."""
+        cfg = self.cfg
+        return dataclasses.replace(
+            rollout,
+            n_samples_per_prompt=cfg.n_samples_per_eval_prompt,
+            max_response_len=cfg.eval_max_response_len or cfg.rollout_max_response_len,
+            temperature=cfg.eval_temperature
+            if cfg.eval_temperature is not None
+            else cfg.rollout_temperature,
+            max_prompt_len=None,
+            need_logprobs=False,
+        )
+
+    async def run(
+        self, step: int, generate: GenerateAndScore, rollout: RolloutSettings
+    ) -> dict[str, Any]:
+        """Evaluate after step ``step`` (0: before training): its ``eval/`` metrics."""
+        if self.data is None:
+            return {}
+        cfg = self.cfg
+        records = self.data.records[: cfg.eval_limit]
+        groups = [
+            make_group(r, gid, cfg.n_samples_per_eval_prompt) for gid, r in enumerate(records)
+        ]
+        samples = await generate(
+            groups, self.settings(rollout), seed_key=(SEED_EVAL, step), label="eval", times={}
+        )
+        out = measure(samples)
+        self.history.append({"step": step, **out})
+        return out
+
+
+def measure(samples: list[Sample]) -> dict[str, Any]:
+    """An evaluation's metrics: pass@1 averaged over prompts, mean reward over the scored
+    samples, judge errors, lengths and the judge's agreement with math-verify."""
+    scored = [s for s in samples if s.reward is not None]
+    per_prompt: dict[int, list[float]] = {}
+    for s in scored:
+        a = accuracy(s)
+        if a is not None:
+            per_prompt.setdefault(s.group_id, []).append(a)
+    pass1 = [statistics.fmean(v) for v in per_prompt.values()]
+    return {
+        "eval/accuracy": statistics.fmean(pass1) if pass1 else None,
+        "eval/reward_mean": statistics.fmean([s.reward or 0.0 for s in scored]) if scored else None,
+        "eval/judge_errors": sum(1 for s in samples if s.status == "judge_error"),
+        "eval/samples": len(samples),
+        "eval/response_len_mean": statistics.fmean(s.response_length for s in samples),
+        **rule_agreement(samples, [verdict_source(s) for s in samples], "eval/"),
+    }
