@@ -16,7 +16,8 @@ UV=(python3 -m uv run --frozen --no-sync)
 types_log=$(mktemp)
 (
     "${UV[@]}" mypy packages/genrm-client/src &&
-        "${UV[@]}" mypy packages/genrm-serve/src packages/rewards/src packages/rl-core/src
+        "${UV[@]}" mypy packages/genrm-serve/src packages/rewards/src packages/rl-core/src \
+            packages/judge-train/src
 ) >"$types_log" 2>&1 &
 types_pid=$!
 # Test processes (pytest-xdist), one test file each at a time (a file's module fixtures — a Ray

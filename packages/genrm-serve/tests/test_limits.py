@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from genrm_client._constants import DEFAULT_TIMEOUT_S
 from genrm_serve import limits
 from genrm_serve.engines import worker
 from genrm_serve.serve_args import ServeArgs
@@ -30,6 +31,11 @@ def test_the_engine_actors_own_queue_wait_is_no_longer_than_a_request() -> None:
     # a request the router sends carries less; one sent directly gets at most this
     assert worker.DEFAULT_REQUEST_TIMEOUT_S <= limits.REQUEST_TIMEOUT_S
     assert ServeArgs(api_key=None).request_timeout_s == limits.REQUEST_TIMEOUT_S
+
+
+def test_the_clients_default_deadline_is_no_longer_than_a_request() -> None:
+    # past the service's deadline a call gets a 504, which the client retries: a second full wait
+    assert DEFAULT_TIMEOUT_S <= limits.REQUEST_TIMEOUT_S
 
 
 def test_every_deadline_is_a_positive_number_of_seconds() -> None:

@@ -24,6 +24,29 @@ async def test_math_equal(gold: str, pred: str, equal: bool) -> None:
     assert await rules.math_equal(gold, pred, timeout_s=10) is equal
 
 
+DECISIONS = [("42", "42", "equal"), ("42", "41", "not_equal"), ("42", "", "undecided")]
+
+
+@pytest.mark.parametrize(("gold", "pred", "decision"), DECISIONS, ids=[d for *_, d in DECISIONS])
+async def test_math_decide_says_why_and_math_equal_is_its_equal(
+    gold: str, pred: str, decision: str
+) -> None:
+    assert await rules.math_decide(gold, pred, timeout_s=10) == decision
+    assert await rules.math_equal(gold, pred, timeout_s=10) is (decision == "equal")
+    assert rules.math_equal_sync(gold, pred) is (decision == "equal")
+
+
+async def test_math_decide_reports_an_overrun_as_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    await rules.math_equal("1", "1", timeout_s=10)  # warm import
+
+    def stuck(gold: str, pred: str) -> str:
+        time.sleep(0.5)
+        return "equal"
+
+    monkeypatch.setattr(rules, "math_decide_sync", stuck)
+    assert await rules.math_decide("1", "1", timeout_s=0.1) == "timeout"
+
+
 async def test_math_reward_scores() -> None:
     math = get_reward_fn("math")
     right = await math(Args(), Sample(response="... Answer: \\boxed{204}", label="204"))

@@ -28,7 +28,11 @@ __all__ = [
 #: Where the service listens by default (Ray Serve's port, the ``/genrm`` route prefix).
 DEFAULT_BASE_URL: Final = "http://127.0.0.1:8000/genrm"
 
-#: Total deadline of one call, retries and backoff sleeps included.
+#: Total deadline of one call, retries and backoff sleeps included. Below genrm-serve's request
+#: deadline (``REQUEST_TIMEOUT_S``, 600 s) on purpose: this is the caller's patience (an RL step
+#: takes a judge silent for two minutes as a ``judge_error`` and goes on), the service's is the
+#: backstop for every caller. Only the order matters: past the service's deadline a call gets a
+#: 504, which the client would retry. README, "Why 120 s and not the service's 600 s".
 DEFAULT_TIMEOUT_S: Final = 120.0
 
 #: The connect phase of one attempt (bounded by what is left of the total deadline).

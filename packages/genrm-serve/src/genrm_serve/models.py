@@ -14,7 +14,7 @@ conversion.
 It is a *base* model: no chat template (the hf engine's plain fallback applies), and as a judge
 its verdicts mean nothing. So where it *is* the judge (an instance whose ``model_path`` is
 ``embedded``), the hf engine merges the LoRA adapter shipped in this package
-(``adapters/gemma3-270m-judge``, trained by ``scripts/train_judge.py``) into its weights at load:
+(``adapters/gemma3-270m-judge``, trained by ``genrm-judge-train``) into its weights at load:
 the policy, which rl-core loads from the resolved folder, stays the base.
 ``engine_config.adapter_path`` names another adapter, or ``"none"`` for the bare base.
 """

@@ -18,7 +18,7 @@ from typing import Any
 
 from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.errors import RewardConfigError, RewardInputError
-from genrm_rewards.judge import JudgeCall, default_client, judge_many, prefix_key
+from genrm_rewards.judge import JudgeCall, Judging, prefix_key
 from genrm_rewards.quoting import neutralise, quote_untrusted
 from genrm_rewards.samples import question_of
 from genrm_rewards.types import JudgeClient, RewardResult, SampleLike
@@ -128,14 +128,7 @@ async def compute_score(
         )
         for i in judged
     ]
-    judge = client if client is not None else default_client()
-    outcomes = await judge_many(
-        judge,
-        calls,
-        sampling_params=settings.reward_sampling_params,
-        lenient=settings.lenient_verdict,
-        batch_size=settings.judge_batch_size,
-    )
+    outcomes = await Judging.of(settings, client).many(calls)
     step_reports: list[dict[str, Any]] = []
     for i, outcome in zip(judged, outcomes, strict=True):
         part = outcome.to_result()

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from genrm_client.types import SamplingParams
 from genrm_rewards.errors import RewardConfigError
+from genrm_rewards.limits import RULE_TIMEOUT_S
 
 __all__ = ["RewardArgs", "resolve_args"]
 
@@ -36,7 +37,7 @@ class RewardArgs(BaseModel):
     #: recorded as the result's ``rule``, so a run can say how often the judge agrees with it.
     rule_audit: bool = False
     #: deadline of one math-verify check (gate and ``math``), enforced outside math-verify.
-    rule_timeout_s: float = Field(default=5.0, gt=0)
+    rule_timeout_s: float = Field(default=RULE_TIMEOUT_S, gt=0)
     #: reuse verdicts per (question, label, normalised answer, route) within the process.
     verdict_cache: bool = True
     verdict_cache_size: int = Field(default=65536, ge=1)

@@ -22,14 +22,7 @@ from typing import Any, Literal
 
 from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.cache import VerdictCache, cache_key, wait_shared
-from genrm_rewards.judge import (
-    JudgeCall,
-    JudgeOutcome,
-    default_client,
-    judge_many,
-    judge_one,
-    prefix_key,
-)
+from genrm_rewards.judge import JudgeCall, JudgeOutcome, Judging, prefix_key
 from genrm_rewards.quoting import neutralise, quote_untrusted
 from genrm_rewards.rules import RuleDecision, math_decide, math_equal
 from genrm_rewards.samples import extract_answer, label_of, question_of, response_of
@@ -219,17 +212,11 @@ async def _score_prepared(
     gate = await _gate(prep, settings)
     if gate == "hit":
         return _gate_hit_result(settings)
-    judge = client if client is not None else default_client()
+    judging = Judging.of(settings, client, verdict=settings.genrm_verdict)
     call = JudgeCall(prep.messages, settings.genrm_route_key, prep.group)
 
     async def ask() -> JudgeOutcome:
-        return await judge_one(
-            judge,
-            call,
-            sampling_params=settings.reward_sampling_params,
-            lenient=settings.lenient_verdict,
-            verdict=settings.genrm_verdict,
-        )
+        return await judging.one(call)
 
     if not settings.verdict_cache:
         return _finish(await ask(), prep, gate, "off")
@@ -284,16 +271,9 @@ async def compute_score_batch(
         sharing.append((i, len(calls), "miss" if use_cache else "off"))
         calls.append(JudgeCall(prep.messages, settings.genrm_route_key, prep.group))
 
-    judge = client if client is not None else default_client()
+    judging = Judging.of(settings, client, verdict=settings.genrm_verdict)
     try:
-        outcomes = await judge_many(
-            judge,
-            calls,
-            sampling_params=settings.reward_sampling_params,
-            lenient=settings.lenient_verdict,
-            batch_size=settings.judge_batch_size,
-            verdict=settings.genrm_verdict,
-        )
+        outcomes = await judging.many(calls)
     except BaseException as err:
         for key, (_, fut) in owned.items():
             if fut is not None:
@@ -310,12 +290,8 @@ async def compute_score_batch(
         if shared is not None:
             results[i] = _finish(shared, preps[i], gates[i], "hit")
         else:  # the coroutine that owned the call was cancelled: ask ourselves
-            outcome = await judge_one(
-                judge,
-                JudgeCall(preps[i].messages, settings.genrm_route_key, preps[i].group),
-                sampling_params=settings.reward_sampling_params,
-                lenient=settings.lenient_verdict,
-                verdict=settings.genrm_verdict,
+            outcome = await judging.one(
+                JudgeCall(preps[i].messages, settings.genrm_route_key, preps[i].group)
             )
             results[i] = _finish(outcome, preps[i], gates[i], "miss")
     done = [_with_audit(r, a) for r, a in zip(results, audits, strict=True) if r is not None]

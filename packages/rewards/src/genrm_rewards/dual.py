@@ -16,7 +16,7 @@ from typing import Any
 from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.dapo_genrm import PROMPT_VERSION, build_messages
 from genrm_rewards.errors import RewardInputError
-from genrm_rewards.judge import JudgeCall, JudgeOutcome, default_client, judge_one, prefix_key
+from genrm_rewards.judge import JudgeCall, JudgeOutcome, Judging, prefix_key
 from genrm_rewards.quoting import neutralise, quote_untrusted
 from genrm_rewards.samples import label_of, question_of, response_of
 from genrm_rewards.types import JudgeClient, RewardResult, SampleLike
@@ -122,24 +122,13 @@ async def compute_score(
     safety_messages = _response_messages(
         SAFETY_PROMPT, question, response, settings.max_response_chars
     )
-    judge = client if client is not None else default_client()
-    params, lenient = settings.reward_sampling_params, settings.lenient_verdict
+    judging = Judging.of(settings, client)
     quality, safety = await asyncio.gather(
-        judge_one(
-            judge,
-            JudgeCall(quality_messages, settings.dual_quality_route_key, quality_key),
-            sampling_params=params,
-            lenient=lenient,
-        ),
-        judge_one(
-            judge,
+        judging.one(JudgeCall(quality_messages, settings.dual_quality_route_key, quality_key)),
+        judging.one(
             JudgeCall(
-                safety_messages,
-                settings.dual_safety_route_key,
-                prefix_key("dual/safety", question),
-            ),
-            sampling_params=params,
-            lenient=lenient,
+                safety_messages, settings.dual_safety_route_key, prefix_key("dual/safety", question)
+            )
         ),
     )
     details = {"quality": _part(quality), "safety": _part(safety), "combine": settings.dual_combine}

@@ -15,12 +15,14 @@ from typing import Literal
 
 from genrm_client import GenRMError, get_genrm_client
 from genrm_client.types import GenerateRequest, GenerateResponse, Message, SamplingParams
+from genrm_rewards.args import RewardArgs
 from genrm_rewards.types import JudgeClient, RewardResult, judge_error_result
 from genrm_rewards.verdict import Verdict, parse_verdict
 
 __all__ = [
     "JudgeCall",
     "JudgeOutcome",
+    "Judging",
     "default_client",
     "judge_many",
     "judge_one",
@@ -130,11 +132,12 @@ async def judge_one(
         )
         return outcome
     params = sampling_params.model_dump(exclude_none=True) if sampling_params else None
-    # Only when set: a client written before affinity keys (without the argument) still works.
-    affinity = {"prefix_key": call.prefix_key} if call.prefix_key is not None else {}
     try:
         reply = await client.generate(
-            call.messages, sampling_params=params, route_key=call.route_key, **affinity
+            call.messages,
+            sampling_params=params,
+            route_key=call.route_key,
+            prefix_key=call.prefix_key,
         )
     except GenRMError as err:
         return _failed(err, call.route_key)
@@ -197,3 +200,49 @@ async def judge_many(
         else:
             raise TypeError(f"generate_batch returned {type(reply).__name__}, not a response")
     return outcomes
+
+
+@dataclass(frozen=True)
+class Judging:
+    """A reward function's judge calls as its settings ask for them: the client (``client`` or
+    :func:`default_client`), the request's sampling overrides, lenient verdict parsing, the
+    batch size and the verdict mode, read once from ``RewardArgs`` rather than passed again at
+    every call."""
+
+    client: JudgeClient
+    sampling_params: SamplingParams | None
+    lenient: bool
+    batch_size: int
+    verdict: VerdictMode = "strict"
+
+    @classmethod
+    def of(
+        cls, settings: RewardArgs, client: JudgeClient | None, *, verdict: VerdictMode = "strict"
+    ) -> Judging:
+        """``verdict``: dapo-genrm passes ``settings.genrm_verdict``; the others judge strictly."""
+        return cls(
+            client if client is not None else default_client(),
+            settings.reward_sampling_params,
+            settings.lenient_verdict,
+            settings.judge_batch_size,
+            verdict,
+        )
+
+    async def one(self, call: JudgeCall) -> JudgeOutcome:
+        return await judge_one(
+            self.client,
+            call,
+            sampling_params=self.sampling_params,
+            lenient=self.lenient,
+            verdict=self.verdict,
+        )
+
+    async def many(self, calls: Sequence[JudgeCall]) -> list[JudgeOutcome]:
+        return await judge_many(
+            self.client,
+            calls,
+            sampling_params=self.sampling_params,
+            lenient=self.lenient,
+            batch_size=self.batch_size,
+            verdict=self.verdict,
+        )

@@ -17,10 +17,12 @@ import asyncio
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from genrm_rewards.args import resolve_args
+from genrm_rewards.limits import MATH_VERIFY_IMPORT_TIMEOUT_S
 from genrm_rewards.samples import extract_answer, label_of, response_of
 from genrm_rewards.types import RewardResult, SampleLike, deferred_result
 
@@ -36,6 +38,7 @@ __all__ = [
 #: What math-verify says about an answer: proved ``equal``, parsed both and found them
 #: ``not_equal``, could not parse one side (``undecided``), or overran its deadline.
 RuleDecision = Literal["equal", "not_equal", "undecided", "timeout"]
+_T = TypeVar("_T")
 
 _POOL_WORKERS = 2
 _pool: ThreadPoolExecutor | None = None
@@ -79,13 +82,7 @@ def _parse(text: str) -> list[Any]:
 
 def math_equal_sync(gold: str, pred: str) -> bool:
     """Whether math-verify proves ``pred`` equal to ``gold`` (no timeout; use ``math_equal``)."""
-    from math_verify import verify
-
-    _import_math_verify()
-    gold_parsed, pred_parsed = _parse(gold), _parse(pred)
-    if not gold_parsed or not pred_parsed:
-        return False
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    return math_decide_sync(gold, pred) == "equal"
 
 
 def math_decide_sync(gold: str, pred: str) -> RuleDecision:
@@ -110,8 +107,10 @@ def _slots() -> asyncio.Semaphore:
     return sem
 
 
-async def math_equal(gold: str, pred: str, *, timeout_s: float) -> bool | None:
-    """Check ``pred == gold`` with math-verify off the event loop; ``None`` if it timed out.
+async def _off_loop(
+    check: Callable[[str, str], _T], gold: str, pred: str, timeout_s: float
+) -> _T | None:
+    """``check(gold, pred)`` on the pool under ``timeout_s``; ``None`` if it overran.
 
     ``timeout_s`` bounds the check itself: waiting for a free worker (a GRPO group queues many
     checks at once) happens before the clock starts, so a busy pool does not fake timeouts.
@@ -119,30 +118,29 @@ async def math_equal(gold: str, pred: str, *, timeout_s: float) -> bool | None:
     loop = asyncio.get_running_loop()
     pool = _get_pool()
     if not _imported:  # the first import (sympy) takes seconds; it must not count as a timeout
-        await asyncio.wait_for(loop.run_in_executor(pool, _import_math_verify), timeout=120)
+        await asyncio.wait_for(
+            loop.run_in_executor(pool, _import_math_verify), timeout=MATH_VERIFY_IMPORT_TIMEOUT_S
+        )
     async with _slots():
         try:
             return await asyncio.wait_for(
-                loop.run_in_executor(pool, math_equal_sync, gold, pred), timeout=timeout_s
+                loop.run_in_executor(pool, check, gold, pred), timeout=timeout_s
             )
         except TimeoutError:
             return None
 
 
+async def math_equal(gold: str, pred: str, *, timeout_s: float) -> bool | None:
+    """Check ``pred == gold`` with math-verify off the event loop; ``None`` if it timed out
+    (``timeout_s`` bounds the check, not its wait for a worker)."""
+    return await _off_loop(math_equal_sync, gold, pred, timeout_s)
+
+
 async def math_decide(gold: str, pred: str, *, timeout_s: float) -> RuleDecision:
     """:func:`math_decide_sync` off the event loop, under the same deadline as
     :func:`math_equal` (``"timeout"`` when it overran)."""
-    loop = asyncio.get_running_loop()
-    pool = _get_pool()
-    if not _imported:
-        await asyncio.wait_for(loop.run_in_executor(pool, _import_math_verify), timeout=120)
-    async with _slots():
-        try:
-            return await asyncio.wait_for(
-                loop.run_in_executor(pool, math_decide_sync, gold, pred), timeout=timeout_s
-            )
-        except TimeoutError:
-            return "timeout"
+    decision = await _off_loop(math_decide_sync, gold, pred, timeout_s)
+    return "timeout" if decision is None else decision
 
 
 async def compute_score(args: Any, sample: SampleLike) -> RewardResult:

@@ -15,8 +15,8 @@ pi, units) are built from the same row's label and a seeded generator, so the wh
 deterministic function of (rows, seed). Problems are split into train and held-out by a hash of
 the question text, so no question is in both.
 
-Pure Python, no dependencies: ``scripts/train_judge.py`` trains on these and
-``benchmarks/judge_agreement.py`` measures on the held-out split.
+Pure Python, no dependencies: ``genrm-judge-train`` (:mod:`genrm_judge_train.cli`) trains on
+these and ``benchmarks/judge_agreement.py`` measures on the held-out split.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Judge examples about the shape of an answer: the same value stated another way.
 
-:mod:`genrm_rewards.judge_format_examples` dresses one value in other typesetting. Answer sets
+:mod:`genrm_judge_train.format_examples` dresses one value in other typesetting. Answer sets
 also state a value in another *form*: the label names what it solves for (``(p,q)=(3,2)``,
 ``|AB| = 1``, ``V_1:V_2 = 11:21``) and the answer gives the bare value; a worked chain ends at
 the value (``x = 5+5+1 = 11``: the last value counts, not the first); an inequality multiplied
@@ -10,7 +10,7 @@ sign after the number; the terms of a sum in another order; thousands grouped wi
 judge that has not seen these says 0 to each. The near misses keep the form and change the value
 (a bound, a sign, one tuple, the last value of the chain), so the form alone decides nothing.
 
-These families are an option of :func:`~genrm_rewards.judge_format_examples.make_format_examples`
+These families are an option of :func:`~genrm_judge_train.format_examples.make_format_examples`
 (``families=ANSWER_FORM_FAMILIES``), not part of its default mix: a seed's default pairs stay the
 pairs the shipped judge was trained on.
 """
@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable
 from fractions import Fraction
 
-from genrm_rewards.judge_format_examples import Family
+from genrm_judge_train.format_examples import Family
 
 __all__ = ["ANSWER_FORM_FAMILIES", "CONTRAST_FAMILIES"]
 

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from genrm_rewards.judge_answer_forms import ANSWER_FORM_FAMILIES, CONTRAST_FAMILIES
-from genrm_rewards.judge_examples import NO_QUESTION, JudgeExample, Problem
-from genrm_rewards.judge_format_examples import make_format_examples
+from genrm_judge_train.answer_forms import ANSWER_FORM_FAMILIES, CONTRAST_FAMILIES
+from genrm_judge_train.examples import NO_QUESTION, JudgeExample, Problem
+from genrm_judge_train.format_examples import make_format_examples
 from genrm_rewards.rules import math_decide_sync
 from genrm_rewards.samples import extract_answer
 

@@ -1,6 +1,6 @@
 """Judge examples about typesetting: one value written two ways, or two values written alike.
 
-:mod:`genrm_rewards.judge_examples` dresses a reference the way a policy's reasoning ends (boxed,
+:mod:`genrm_judge_train.examples` dresses a reference the way a policy's reasoning ends (boxed,
 in a sentence, after a change of mind). Answer-equivalence sets, and users' own pairs, also
 compare bare answers typeset differently: ``.4`` and ``0.4``, ``\\dfrac13`` and ``1/3``,
 ``\\textbf{(C)}`` and ``C``, ``bmatrix`` and ``pmatrix``, ``x \\ge 5`` and ``5 \\leq x``,
@@ -13,7 +13,7 @@ forms (verdict 1) and near misses in the same typesetting (verdict 0: a sign, a 
 letter, one matrix entry, a coefficient).
 
 Deterministic in (problems, seed); the questions come from the problems (or
-:data:`~genrm_rewards.judge_examples.NO_QUESTION`), the values from the seeded generator, never
+:data:`~genrm_judge_train.examples.NO_QUESTION`), the values from the seeded generator, never
 from an evaluation set.
 """
 
@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
-from genrm_rewards.judge_examples import NO_QUESTION, JudgeExample, Problem
+from genrm_judge_train.examples import NO_QUESTION, JudgeExample, Problem
 
 __all__ = ["Family", "FamilyList", "make_format_examples"]
 
@@ -418,7 +418,7 @@ def make_format_examples(
 ) -> list[JudgeExample]:
     """``n`` examples, half of them equivalent, as a bare answer, an ``Answer:`` line or a
     sentence; a share ``no_question_rate`` carries :data:`NO_QUESTION`. ``families`` replaces
-    the typesetting families (e.g. ``judge_answer_forms.ANSWER_FORM_FAMILIES``)."""
+    the typesetting families (e.g. ``answer_forms.ANSWER_FORM_FAMILIES``)."""
     if not problems:
         raise ValueError("make_format_examples needs at least one problem")
     drawn = _FAMILIES if families is None else families

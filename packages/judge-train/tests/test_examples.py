@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from genrm_rewards.judge_examples import (
+from genrm_judge_train.examples import (
     NO_QUESTION,
     JudgeExample,
     Problem,
