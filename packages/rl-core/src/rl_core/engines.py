@@ -2,8 +2,8 @@
 
 genrm-serve's engines (the ``hf`` transformers engine is both the embedded judge and the CPU
 rollout engine) implement ``genrm_serve.Engine``, and genrm-serve owns every call to an engine
-actor: ``genrm_serve.EngineActor`` (deadline, cancellation, an actor's death as one error). The
-driver asks of an engine only what :class:`EngineHandle` lists; ``EngineActor`` has all of it,
+actor: ``genrm_serve.RemoteEngine`` (deadline, cancellation, an actor's death as one error). The
+driver asks of an engine only what :class:`EngineHandle` lists; ``RemoteEngine`` has all of it,
 and :class:`LocalEngineHandle` gives it for an engine object in this process (tests,
 single-process CPU runs). After a weight update, :func:`check_version` makes sure the engine
 serves the new weights.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from genrm_serve import Engine, EngineActor, EngineOutput, EngineRequest
+from genrm_serve import Engine, EngineOutput, EngineRequest, RemoteEngine
 from rl_core.limits import ENGINE_CALL_TIMEOUT_S
 
 
@@ -23,7 +23,7 @@ class StaleWeightsError(RuntimeError):
 
 
 class EngineHandle(Protocol):
-    """One rollout or judge engine as the driver sees it (``genrm_serve.EngineActor`` or
+    """One rollout or judge engine as the driver sees it (``genrm_serve.RemoteEngine`` or
     :class:`LocalEngineHandle`); what a weight method returns is not read."""
 
     @property
@@ -58,10 +58,10 @@ class EngineHandle(Protocol):
         ...
 
 
-def engine_actor(handle: Any, name: str) -> EngineActor:
+def engine_actor(handle: Any, name: str) -> RemoteEngine:
     """An engine actor (``create_engine_worker``) with rl-core's deadline on every call but the
     start (which keeps genrm-serve's)."""
-    return EngineActor(handle, name, timeout_s=ENGINE_CALL_TIMEOUT_S)
+    return RemoteEngine(handle, name, timeout_s=ENGINE_CALL_TIMEOUT_S)
 
 
 async def check_version(engine: EngineHandle, version: int) -> None:

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rl_core.limits import ENGINE_PROBE_TIMEOUT_S
 
 if TYPE_CHECKING:
-    from genrm_serve import EngineActor
+    from genrm_serve import RemoteEngine
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -186,7 +186,7 @@ class GpuMemoryProbe:
     ``n<k>.`` for node ``k`` when the run spans nodes); GPUs without a CUDA reader are absent
     (``--device cpu``)."""
 
-    def __init__(self, learner: Any, engines: Sequence[EngineActor]) -> None:
+    def __init__(self, learner: Any, engines: Sequence[RemoteEngine]) -> None:
         self.learner, self.engines = learner, list(engines)
         self._engine_gpus: list[tuple[str, str]] | None = None
 

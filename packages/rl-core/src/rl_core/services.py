@@ -26,11 +26,11 @@ from rich.console import Console
 from genrm_client import AsyncGenRMClient, close_genrm_clients, get_genrm_client
 from genrm_serve import (
     CapacityError,
-    EngineActor,
     EnginePlacement,
     EngineRef,
     EngineStartError,
     InstanceSpec,
+    RemoteEngine,
     ServeArgs,
     build_app,
     check_fits,
@@ -137,7 +137,7 @@ async def start_together(steps: StartSteps, clock: PhaseClock, times: PhaseTimes
 
 async def start_rollout_engines(
     realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str
-) -> list[EngineActor]:
+) -> list[RemoteEngine]:
     """One engine actor per rollout engine of the plan, in its bundles, started concurrently."""
     handles = create_engine_workers(realized, "rollout", spec, name_prefix=name_prefix)
     engines = [engine_actor(h, f"rollout-{i}") for i, h in enumerate(handles)]
@@ -311,8 +311,8 @@ class Services:
     """What the GRPO loop runs on: the engines, the trainer groups, the phase machine and the
     client of the judge service (None without one)."""
 
-    engines: list[EngineActor]
-    judge_engines: dict[str, list[EngineActor]]
+    engines: list[RemoteEngine]
+    judge_engines: dict[str, list[RemoteEngine]]
     groups: dict[str, Any]
     phases: PhaseMachine
     judge: AsyncGenRMClient | None = None
@@ -365,10 +365,10 @@ async def start_services(
         started = await start_in_turn(steps, clock, startup)
     else:
         started = await start_together(steps, clock, startup)
-    engines: list[EngineActor] = started["rollout_engines"]
+    engines: list[RemoteEngine] = started["rollout_engines"]
 
     participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
-    judge_engines: dict[str, list[EngineActor]] = {}
+    judge_engines: dict[str, list[RemoteEngine]] = {}
     judge = None
     if instances:
         url, judge_actors = started["judge_service"]

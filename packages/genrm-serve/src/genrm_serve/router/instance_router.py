@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from genrm_serve.config import InstanceSpec
-from genrm_serve.engines.remote import EngineGoneError
 from genrm_serve.engines.base import (
     EngineAsleepError,
     EngineOutput,
@@ -44,6 +43,7 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
     RequestRefusedError,
 )
+from genrm_serve.engines.remote import EngineGoneError
 from genrm_serve.errors import ServiceError
 from genrm_serve.router.chunking import chunk_by_key
 from genrm_serve.router.coalescing import Coalescer

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from genrm_serve.engine_refs import EngineRef
-from genrm_serve.engines.remote import RemoteEngine
 from genrm_serve.engines.base import engine_id_for
+from genrm_serve.engines.remote import RemoteEngine
 
 __all__ = ["EngineSlot", "SlotState"]
 
