@@ -38,12 +38,13 @@ from rl_core.placement import (
     layout_from_args,
     plan_layout,
 )
+from rl_core.generated import GENERATED_SETS
 from rl_core.placement.sglang_flags import pop_sglang_overrides
 
 #: The embedded Gemma 3 270M (genrm-serve's cached safetensors copy), for policy or judge.
 EMBEDDED_MODEL = "embedded:gemma3-270m"
-#: ``--prompt-data`` values that generate the CPU demo's arithmetic set instead of reading a file.
-GENERATED_DATA = ("gen:easy-math", "gen:easy-math-eval")
+#: ``--prompt-data`` values that generate a data set instead of reading a file.
+GENERATED_DATA = tuple(GENERATED_SETS)
 
 
 #: reward settings whose values are JSON on a command line (dicts, pairs, sampling params)

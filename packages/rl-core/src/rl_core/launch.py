@@ -21,8 +21,9 @@ from transformers import AutoTokenizer
 
 from genrm_serve import apply_ray_env_defaults, resolve_model_path
 from rl_core.checkpoints import Checkpointer
-from rl_core.config import GENERATED_DATA, TrainConfig
-from rl_core.data import PromptDataset, load_prompt_data, make_easy_math, write_prompt_data
+from rl_core.config import TrainConfig
+from rl_core.data import PromptDataset, load_prompt_data, write_prompt_data
+from rl_core.generated import GENERATED_SETS
 from rl_core.evaluation import Evaluation
 from rl_core.layout import read_layout, write_layout
 from rl_core.metrics import GpuMemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
@@ -35,11 +36,6 @@ from rl_core.trainer import GRPOTrainer
 
 logger = logging.getLogger(__name__)
 
-#: Seeds of the demo's generated data sets (train and held-out evaluation differ).
-EASY_MATH_TRAIN = (256, 11)
-EASY_MATH_EVAL = (64, 977)
-
-
 def resolve_model(path: str) -> str:
     """A local model folder: ``embedded[:name]`` becomes genrm-serve's cached safetensors copy
     of the embedded model (converted from GGUF once), anything else must be a model folder."""
@@ -47,12 +43,11 @@ def resolve_model(path: str) -> str:
 
 
 def load_data(spec: str, cfg: TrainConfig, run_dir: Path, *, eval_set: bool) -> PromptDataset:
-    """Read a jsonl file, or generate the demo set (written to RUN_DIR/data/ for inspection)."""
-    if spec in GENERATED_DATA:
-        n, seed = EASY_MATH_EVAL if spec.endswith("-eval") else EASY_MATH_TRAIN
+    """Read a jsonl file, or generate a ``gen:`` set (written to RUN_DIR/data/ for inspection)."""
+    if spec in GENERATED_SETS:
         path = run_dir / "data" / f"{spec.removeprefix('gen:')}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        spec = str(write_prompt_data(path, make_easy_math(n, seed=seed)))
+        spec = str(write_prompt_data(path, GENERATED_SETS[spec]()))
     ds = load_prompt_data(
         spec,
         input_key=cfg.input_key,

@@ -22,8 +22,9 @@ from rl_core.checkpoints import (
     estimate_checkpoint_bytes,
     read_checkpoint_state,
 )
-from rl_core.config import GENERATED_DATA, ConfigError, TrainConfig
-from rl_core.data import DataError, load_prompt_data, make_easy_math, parse_record, record_json
+from rl_core.config import ConfigError, TrainConfig
+from rl_core.data import DataError, load_prompt_data, parse_record, record_json
+from rl_core.generated import GENERATED_SETS
 
 __all__ = ["check_data", "check_load", "check_models", "check_rewards", "check_save", "preflight"]
 
@@ -71,8 +72,8 @@ def check_data(cfg: TrainConfig) -> None:
     ):
         if spec is None:
             continue
-        if spec in GENERATED_DATA:  # written at start-up, with the demo's keys
-            (sample,) = make_easy_math(1, seed=0)
+        if spec in GENERATED_SETS:  # written at start-up, with the records' own keys
+            sample = GENERATED_SETS[spec]()[0]
             try:
                 parse_record(record_json(sample), input_key=cfg.input_key, label_key=cfg.label_key)
             except DataError as err:
