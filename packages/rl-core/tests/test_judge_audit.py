@@ -7,13 +7,14 @@ both logged, both in the summary, each with the judge's agreement with math-veri
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from rich.console import Console
 
 from rl_core.data import load_prompt_data
-from rl_core.judge_audit import rule_agreement, verdict_source
+from rl_core.judge_audit import rule_agreement, verdict_source, verified_pass1
 from rl_core.metrics import read_metrics
 from rl_core.sample import Sample
 from rl_core.summary import render_summary
@@ -24,6 +25,24 @@ def _sample(reward: float | None, status: str, rule: str | None, **details: Any)
     s.reward, s.status = reward, status  # type: ignore[assignment]
     s.reward_details = {"gate": "off", **details, **({"rule": rule} if rule else {})}
     return s
+
+
+def _answered(group: int, response: str, reward: float, **details: Any) -> Sample:
+    s = Sample(prompt="p", label="12", metadata={}, group_id=group, response=response)
+    s.reward, s.status, s.reward_details = reward, "ok", details  # type: ignore[assignment]
+    return s
+
+
+def test_evaluation_pass1_is_math_verifys_whatever_the_reward_said():
+    """A coin (or a fooled judge) paid 1 to wrong answers: the verified figure ignores it."""
+    samples = [
+        _answered(0, " 12", 0.0),  # right, the reward said 0
+        _answered(0, " 13", 1.0),  # wrong, the reward said 1
+        _answered(1, " 7", 1.0, rule="not_equal"),  # the audit's own view is reused
+        _answered(2, " twelve?", 1.0),  # math-verify cannot read it: not a right answer
+    ]
+    got = asyncio.run(verified_pass1(samples, "eval/"))
+    assert got == {"eval/verified_accuracy": pytest.approx((0.5 + 0.0 + 0.0) / 3)}
 
 
 @pytest.mark.parametrize(

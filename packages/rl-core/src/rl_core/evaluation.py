@@ -1,4 +1,5 @@
-"""The held-out evaluation of a run: accuracy (pass@1 over n samples) and mean reward.
+"""The held-out evaluation of a run: accuracy (pass@1 over n samples), mean reward, and pass@1
+by math-verify alone (``eval/verified_accuracy``), the figure runs with different rewards share.
 
 It runs before training (``--eval-before-and-after``), every ``--eval-interval`` steps and after
 the last step, on the rollout engines with the run's reward path: the trainer hands it its own
@@ -14,7 +15,7 @@ from typing import Any, Protocol
 
 from rl_core.config import TrainConfig
 from rl_core.data import PromptDataset
-from rl_core.judge_audit import rule_agreement, verdict_source
+from rl_core.judge_audit import rule_agreement, verdict_source, verified_pass1
 from rl_core.metrics import PhaseTimes
 from rl_core.rollout import SEED_EVAL, RolloutSettings, make_group
 from rl_core.sample import Sample, accuracy
@@ -85,7 +86,7 @@ class Evaluation:
         samples = await generate(
             groups, self.settings(rollout), seed_key=(SEED_EVAL, step), label="eval", times={}
         )
-        out = measure(samples)
+        out = measure(samples) | await verified_pass1(samples, "eval/")
         self.history.append({"step": step, **out})
         return out
 

@@ -15,7 +15,10 @@ from typing import Any
 
 from rl_core.sample import Sample
 
-__all__ = ["rule_agreement", "verdict_source"]
+#: how long math-verify may take over one evaluation answer before it counts as undecided
+VERIFY_TIMEOUT_S = 5.0
+
+__all__ = ["rule_agreement", "verdict_source", "verified_pass1"]
 
 #: where a sample's reward came from (:func:`verdict_source`) when the judge decided it
 JUDGED = ("judge", "judge_cache", "judge_unparsed")
@@ -54,3 +57,33 @@ def rule_agreement(
         f"{prefix}judge_rule_agreement": agree / compared if compared else None,
         f"{prefix}judge_rule_compared": compared,
     }
+
+
+async def verified_pass1(samples: Sequence[Sample], prefix: str) -> dict[str, Any]:
+    """``{prefix}verified_accuracy``: pass@1 by math-verify alone, whatever the run's reward.
+
+    A run's own accuracy is its reward's verdict: the judge's for a judge run, a coin's for a
+    null control. Runs with different rewards are only comparable on one referee, so every
+    evaluation answer is also checked against its label by math-verify (the ``rule`` the audit
+    already recorded, else a fresh check). Undecided or timed-out checks count as wrong: an
+    answer math-verify cannot read is not a right one. Samples are averaged per prompt first.
+    """
+    from genrm_rewards.errors import RewardInputError
+    from genrm_rewards.rules import math_decide
+    from genrm_rewards.samples import extract_answer, label_of, response_of
+
+    per_prompt: dict[int, list[float]] = {}
+    for s in samples:
+        if s.status == "aborted":  # never answered: nothing to verify, as in the loss
+            continue
+        try:
+            label = label_of(s)
+        except RewardInputError:  # a question without a reference has nothing to verify
+            continue
+        rule = s.reward_details.get("rule")
+        if rule not in ("equal", "not_equal", "undecided"):
+            answer = extract_answer(response_of(s))
+            rule = await math_decide(label, answer, timeout_s=VERIFY_TIMEOUT_S)
+        per_prompt.setdefault(s.group_id, []).append(float(rule == "equal"))
+    means = [sum(v) / len(v) for v in per_prompt.values()]
+    return {f"{prefix}verified_accuracy": sum(means) / len(means) if means else None}
