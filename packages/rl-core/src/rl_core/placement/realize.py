@@ -36,7 +36,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from genrm_serve import InstanceSpec
-from rl_core.limits import PLACEMENT_TIMEOUT_S
+from rl_core.limits import PLACEMENT_TIMEOUT_S, WAIT_WORD_EVERY_S
 from rl_core.placement.errors import PlacementUnavailableError
 from rl_core.placement.plan import EnginePlacement, GroupPlan, PlacementPlan
 
@@ -252,7 +252,7 @@ def create_placement_groups(
     plan: PlacementPlan,
     *,
     timeout_s: float = PLACEMENT_TIMEOUT_S,
-    log_interval_s: float = 10.0,
+    log_interval_s: float = WAIT_WORD_EVERY_S,
     use_gpus: bool = True,
 ) -> RealizedPlacement:
     """Create, wait for and locate the plan's placement groups on the connected Ray cluster.
