@@ -228,23 +228,45 @@ def _start_serve(host: str, port: int) -> None:
 
 
 def shutdown_serve(timeout_s: float = limits.SERVE_GONE_WAIT_S) -> None:
-    """``serve.shutdown()``, then wait until Serve's controller is really gone.
+    """Shut Serve down, quietly, and wait until its controller is really gone.
 
-    ``serve.shutdown()`` gives up waiting after 30 s on a busy machine, while the controller
-    goes on shutting down. A run that starts Serve next on the same cluster then meets that
-    controller, which kills the new HTTP proxy (same name) as it finishes: seen as a job whose
-    ``serve.start`` failed with "ProxyActor ... killed by ray.kill", and the job after it
-    waiting for health forever.
+    ``serve.shutdown()`` asks the controller for ``graceful_shutdown`` and waits on that call,
+    which by Serve's design never returns: the controller ends by killing itself
+    (``ray.kill``), and the call fails. Ray then prints "Task ServeController.graceful_shutdown
+    failed ... killed by ray.kill" on every normal exit. Here the controller is told to shut
+    down without the caller waiting on that call (``wait=False``, which returns at once); the
+    wait is ours, on the controller's name, bounded by ``timeout_s``.
+
+    Waiting matters as much: ``serve.shutdown()`` gives up after 30 s on a busy machine, while
+    the controller goes on shutting down. A run that starts Serve next on the same cluster then
+    meets that controller, which kills the new HTTP proxy (same name) as it finishes: seen as a
+    job whose ``serve.start`` failed with "ProxyActor ... killed by ray.kill", and the job after
+    it waiting for health forever.
     """
     import ray
+    from ray.serve import context
     from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
-    serve.shutdown()  # type: ignore[no-untyped-call]
+    def controller() -> Any:
+        try:
+            return ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        except ValueError:
+            return None
+
+    client = context._global_client
+    if client is not None:
+        client.shutdown_cached_handles()
+    handle = controller()
+    if handle is not None:
+        try:
+            ray.get(handle.graceful_shutdown.remote(wait=False), timeout=timeout_s)
+        except Exception:  # an older or stuck controller: Serve's own shutdown, noise and all
+            logger.debug("graceful_shutdown(wait=False) failed; serve.shutdown()", exc_info=True)
+            serve.shutdown()  # type: ignore[no-untyped-call]
+    context._disconnect()  # the cached client would ask the dead controller if it is alive
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-        except ValueError:
+        if controller() is None:
             return
         time.sleep(limits.HEALTH_POLL_S)
     logger.warning("Serve's controller is still shutting down after %.0f s", timeout_s)

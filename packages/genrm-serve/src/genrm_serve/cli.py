@@ -308,10 +308,12 @@ def _teardown(args: ServeArgs, started_ray: bool) -> None:
     print("shutting down ...", flush=True)
     from ray import serve
 
+    from genrm_serve.app import shutdown_serve
+
     def delete() -> None:
         try:
             if started_ray:
-                serve.shutdown()  # type: ignore[no-untyped-call]
+                shutdown_serve(TEARDOWN_TIMEOUT_S)
             else:  # someone else's cluster: remove only our app
                 serve.delete(args.app_name)
         except Exception as err:
