@@ -255,7 +255,7 @@ def shutdown_serve(timeout_s: float = limits.SERVE_GONE_WAIT_S) -> None:
 
     client = context._global_client
     if client is not None:
-        client.shutdown_cached_handles()
+        client.shutdown_cached_handles()  # type: ignore[no-untyped-call]
     handle = controller()
     if handle is not None:
         try:
@@ -263,7 +263,8 @@ def shutdown_serve(timeout_s: float = limits.SERVE_GONE_WAIT_S) -> None:
         except Exception:  # an older or stuck controller: Serve's own shutdown, noise and all
             logger.debug("graceful_shutdown(wait=False) failed; serve.shutdown()", exc_info=True)
             serve.shutdown()  # type: ignore[no-untyped-call]
-    context._disconnect()  # the cached client would ask the dead controller if it is alive
+    # the cached client would ask the dead controller whether it is alive
+    context._disconnect()  # type: ignore[no-untyped-call]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if controller() is None:
