@@ -44,6 +44,7 @@ from genrm_serve import (
 )
 from rl_core.config import TrainConfig
 from rl_core.distributed import ForwardGroup, TrainGroup
+from rl_core.engine_recovery import EngineFactory, RecoverableEngine
 from rl_core.engines import engine_actor
 from rl_core.limits import (
     ENGINE_START_TIMEOUT_S,
@@ -58,6 +59,7 @@ from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, Sleeper,
 from rl_core.placement import PlacementPlan, PlacementUnavailableError
 from rl_core.placement.realize import (
     RealizedPlacement,
+    create_engine_worker_in,
     create_engine_workers,
     create_judge_engines,
     create_placement_groups,
@@ -144,16 +146,44 @@ async def start_together(steps: StartSteps, clock: PhaseClock, times: PhaseTimes
     return {k: t.result() for k, t in tasks.items()}
 
 
+def _rollout_factory(
+    realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str, index: int
+) -> EngineFactory:
+    """How rollout engine ``index`` is made again after its actor died: in the same bundle,
+    under a new actor name, started (``rl_core.engine_recovery``)."""
+    placed = realized.plan.engines_of("rollout")[index]
+
+    async def make(attempt: int) -> RemoteEngine:
+        name = f"{name_prefix}{placed.name}-r{attempt}"
+        handle = await _ray_call_in_thread(
+            create_engine_worker_in, realized, placed, spec, name=name
+        )
+        engine = engine_actor(handle, f"rollout-{index}")
+        await wait_saying(
+            engine.start(timeout_s=ENGINE_START_TIMEOUT_S),
+            f"re-created rollout engine rollout-{index} to load {spec.model_path}",
+            ENGINE_START_TIMEOUT_S + RAY_CALL_SETTLE_S,
+        )
+        return engine
+
+    return make
+
+
 async def start_rollout_engines(
     realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str
-) -> list[RemoteEngine]:
-    """One engine actor per rollout engine of the plan, in its bundles, started concurrently."""
+) -> list[RecoverableEngine]:
+    """One engine actor per rollout engine of the plan, in its bundles, started concurrently;
+    each re-created where it was if its actor dies (``rl_core.engine_recovery``)."""
     handles = create_engine_workers(realized, "rollout", spec, name_prefix=name_prefix)
-    engines = [engine_actor(h, f"rollout-{i}") for i, h in enumerate(handles)]
+    actors = [engine_actor(h, f"rollout-{i}") for i, h in enumerate(handles)]
+    engines = [
+        RecoverableEngine(a, _rollout_factory(realized, spec, name_prefix, i))
+        for i, a in enumerate(actors)
+    ]
     try:
         # each start has its own deadline (the engine's error first); this one only speaks
         await wait_saying(
-            asyncio.gather(*(e.start(timeout_s=ENGINE_START_TIMEOUT_S) for e in engines)),
+            asyncio.gather(*(e.start(timeout_s=ENGINE_START_TIMEOUT_S) for e in actors)),
             f"{len(engines)} rollout engine(s) to be scheduled and load {spec.model_path}",
             ENGINE_START_TIMEOUT_S + RAY_CALL_SETTLE_S,
         )
@@ -364,7 +394,7 @@ class Services:
     """What the GRPO loop runs on: the engines, the trainer groups, the phase machine and the
     client of the judge service (None without one)."""
 
-    engines: list[RemoteEngine]
+    engines: list[RecoverableEngine]
     judge_engines: dict[str, list[RemoteEngine]]
     groups: dict[str, Any]
     phases: PhaseMachine
@@ -418,7 +448,7 @@ async def start_services(
         started = await start_in_turn(steps, clock, startup)
     else:
         started = await start_together(steps, clock, startup)
-    engines: list[RemoteEngine] = started["rollout_engines"]
+    engines: list[RecoverableEngine] = started["rollout_engines"]
 
     participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
     judge_engines: dict[str, list[RemoteEngine]] = {}
