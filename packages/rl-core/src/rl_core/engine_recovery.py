@@ -12,7 +12,9 @@ the same death share one re-creation.
 Weights reach the new engine through the object store (rank 0's state dict, as
 :class:`~rl_core.weight_sync.ObjectStoreSync` sends them): only the object-store weight path
 recovers an engine (a broadcast group or CUDA IPC would have to be formed again with the new
-actor); on the other paths the death is raised as before.
+actor); on the other paths, and in fully-async (where rank 0 trains the next version while
+the engines generate, so its weights are not the version the engine served), the death is
+raised as before.
 """
 
 from __future__ import annotations

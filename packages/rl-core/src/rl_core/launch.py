@@ -146,8 +146,9 @@ async def run_training(
             weight_sync=weight_sync,
             memory_probe=GpuMemoryProbe(learner, every_engine) if realized.use_gpus else None,
         )
-        if weight_sync.path == "object_store":
-            # a rollout engine whose actor dies is re-created with rank 0's weights
+        if weight_sync.path == "object_store" and not cfg.plan.phases_overlap:
+            # a rollout engine whose actor dies is re-created with rank 0's weights (not in
+            # fully-async: rank 0 trains meanwhile, its weights are not the engine's version)
             for engine in services.engines:
                 engine.weights = learner.export_weights
         if stop is not None:
