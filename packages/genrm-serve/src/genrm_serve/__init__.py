@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "ServeArgs": "genrm_serve.serve_args",
     "CapacityError": "genrm_serve.capacity",
     "check_fits": "genrm_serve.capacity",
+    "check_service_fits": "genrm_serve.capacity",
+    "cluster_capacity": "genrm_serve.capacity",
     "ENGINE_START_TIMEOUT_S": "genrm_serve.limits",
     "WEIGHT_GROUP_TIMEOUT_S": "genrm_serve.limits",
     # the service
@@ -111,6 +113,8 @@ __all__ = [
     "check_fits",
     "check_model_path",
     "check_owned_server_args",
+    "check_service_fits",
+    "cluster_capacity",
     "create_engine_worker",
     "default_cache_dir",
     "deploy",
@@ -156,7 +160,12 @@ if TYPE_CHECKING:  # the names as type checkers see them
         start_proxy,
         wait_until_healthy,
     )
-    from genrm_serve.capacity import CapacityError, check_fits
+    from genrm_serve.capacity import (
+        CapacityError,
+        check_fits,
+        check_service_fits,
+        cluster_capacity,
+    )
     from genrm_serve.config import (
         EngineConfig,
         GenRMConfigError,

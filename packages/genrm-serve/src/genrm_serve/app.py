@@ -105,14 +105,71 @@ def build_app(
     return app
 
 
-def deploy(app: Application, args: ServeArgs | None = None) -> DeploymentHandle[Any]:
+def deploy(
+    app: Application,
+    args: ServeArgs | None = None,
+    *,
+    timeout_s: float | None = None,
+    progress: Callable[[float, str], None] | None = None,
+    progress_every_s: float = limits.PROGRESS_EVERY_S,
+) -> DeploymentHandle[Any]:
     """Start Serve's HTTP proxy on ``args.host:args.port`` (if not up) and run the app.
 
-    Ray must be initialised (``ray.init``) by the caller.
+    Ray must be initialised (``ray.init``) by the caller. Without ``timeout_s`` this waits as
+    ``serve.run`` does: until the app runs, however long. With it, the wait for the ingress
+    replicas to be scheduled and constructed ends with ``TimeoutError`` (Serve's own word on
+    what it waits for, e.g. the resources a replica asks for) past ``timeout_s``, or at once
+    with ``RuntimeError`` when the deploy failed; ``progress(elapsed_s, serve_status_message)``
+    is called every ``progress_every_s`` meanwhile.
     """
     args = args or ServeArgs()
     _start_serve(args.host, args.port)
-    return serve.run(app, name=args.app_name, route_prefix=args.route_prefix)
+    if timeout_s is None:
+        return serve.run(app, name=args.app_name, route_prefix=args.route_prefix)
+    handle = serve._run(  # serve.run without its unbounded wait for RUNNING
+        app, _blocking=False, name=args.app_name, route_prefix=args.route_prefix
+    )
+    _wait_running(args.app_name, timeout_s, progress, progress_every_s)
+    return handle
+
+
+def _app_status(name: str) -> tuple[str, str]:
+    """The app's status and Serve's messages on it and its deployments (what they wait for)."""
+    app = serve.status().applications.get(name)
+    if app is None:
+        return "NOT_STARTED", ""
+    words = [app.message] + [f"{d}: {o.message}" for d, o in app.deployments.items() if o.message]
+    return str(app.status.value), "; ".join(w for w in words if w)
+
+
+def _wait_running(
+    name: str,
+    timeout_s: float,
+    progress: Callable[[float, str], None] | None,
+    every_s: float,
+) -> None:
+    start = time.monotonic()
+    next_word = start + every_s
+    while True:
+        status, words = _app_status(name)
+        if status == "RUNNING":
+            return
+        waited = time.monotonic() - start
+        if status == "DEPLOY_FAILED":
+            raise RuntimeError(f"Serve app {name!r}: deploy failed: {words}")
+        if waited >= timeout_s:
+            raise TimeoutError(
+                f"Serve app {name!r} not running after {waited:.0f} s (status {status}): "
+                f"{words or 'Serve gives no reason'}"
+            )
+        if time.monotonic() >= next_word:
+            word = f"{status}: {words}" if words else status
+            if progress is not None:
+                progress(waited, word)
+            else:
+                logger.info("waiting for Serve app %r: %s", name, word)
+            next_word = time.monotonic() + every_s
+        time.sleep(limits.HEALTH_POLL_S)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -171,23 +228,46 @@ def _start_serve(host: str, port: int) -> None:
 
 
 def shutdown_serve(timeout_s: float = limits.SERVE_GONE_WAIT_S) -> None:
-    """``serve.shutdown()``, then wait until Serve's controller is really gone.
+    """Shut Serve down, quietly, and wait until its controller is really gone.
 
-    ``serve.shutdown()`` gives up waiting after 30 s on a busy machine, while the controller
-    goes on shutting down. A run that starts Serve next on the same cluster then meets that
-    controller, which kills the new HTTP proxy (same name) as it finishes: seen as a job whose
-    ``serve.start`` failed with "ProxyActor ... killed by ray.kill", and the job after it
-    waiting for health forever.
+    ``serve.shutdown()`` asks the controller for ``graceful_shutdown`` and waits on that call,
+    which by Serve's design never returns: the controller ends by killing itself
+    (``ray.kill``), and the call fails. Ray then prints "Task ServeController.graceful_shutdown
+    failed ... killed by ray.kill" on every normal exit. Here the controller is told to shut
+    down without the caller waiting on that call (``wait=False``, which returns at once); the
+    wait is ours, on the controller's name, bounded by ``timeout_s``.
+
+    Waiting matters as much: ``serve.shutdown()`` gives up after 30 s on a busy machine, while
+    the controller goes on shutting down. A run that starts Serve next on the same cluster then
+    meets that controller, which kills the new HTTP proxy (same name) as it finishes: seen as a
+    job whose ``serve.start`` failed with "ProxyActor ... killed by ray.kill", and the job after
+    it waiting for health forever.
     """
     import ray
+    from ray.serve import context
     from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
-    serve.shutdown()  # type: ignore[no-untyped-call]
+    def controller() -> Any:
+        try:
+            return ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        except ValueError:
+            return None
+
+    client = context._global_client
+    if client is not None:
+        client.shutdown_cached_handles()  # type: ignore[no-untyped-call]
+    handle = controller()
+    if handle is not None:
+        try:
+            ray.get(handle.graceful_shutdown.remote(wait=False), timeout=timeout_s)
+        except Exception:  # an older or stuck controller: Serve's own shutdown, noise and all
+            logger.debug("graceful_shutdown(wait=False) failed; serve.shutdown()", exc_info=True)
+            serve.shutdown()  # type: ignore[no-untyped-call]
+    # the cached client would ask the dead controller whether it is alive
+    context._disconnect()  # type: ignore[no-untyped-call]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-        except ValueError:
+        if controller() is None:
             return
         time.sleep(limits.HEALTH_POLL_S)
     logger.warning("Serve's controller is still shutting down after %.0f s", timeout_s)

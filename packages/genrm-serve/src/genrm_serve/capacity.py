@@ -13,8 +13,16 @@ from collections.abc import Iterable, Mapping
 
 from genrm_serve.config import GenRMConfigError, InstanceSpec
 from genrm_serve.engine_refs import instance_bundles, needs_gpus
+from genrm_serve.serve_args import ServeArgs
 
-__all__ = ["CapacityError", "check_fits", "standalone_needs", "sum_resources"]
+__all__ = [
+    "CapacityError",
+    "check_fits",
+    "check_service_fits",
+    "cluster_capacity",
+    "standalone_needs",
+    "sum_resources",
+]
 
 #: Rounding slack: Ray keeps fractional resources in units of 1e-4.
 _EPS = 1e-6
@@ -83,3 +91,80 @@ def standalone_needs(
     total = sum_resources(b for bundles in per_instance.values() for b in bundles)
     total["CPU"] = total.get("CPU", 0.0) + ingress_num_cpus
     return per_instance, total
+
+
+def cluster_capacity() -> tuple[dict[str, float], dict[str, float]]:
+    """The connected cluster's totals, and the most of each resource one live node has (a
+    bundle never spans nodes)."""
+    import ray
+
+    total = {k: float(v) for k, v in ray.cluster_resources().items()}  # type: ignore[no-untyped-call]
+    node_max: dict[str, float] = {}
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if node.get("Alive"):
+            for name, amount in node.get("Resources", {}).items():
+                node_max[name] = max(node_max.get(name, 0.0), float(amount))
+    return total, node_max
+
+
+def check_service_fits(
+    instances: Mapping[str, InstanceSpec],
+    args: ServeArgs,
+    total: Mapping[str, float],
+    node_max: Mapping[str, float],
+    *,
+    reserved: Mapping[str, float] | None = None,
+) -> None:
+    """Raise ``CapacityError`` when the service can never be placed: the one check of both ways
+    in (``genrm-serve run``, and a caller that embeds the service).
+
+    Standalone (``reserved`` None): every instance's engine bundles plus the ingress replicas'
+    CPUs, against the cluster's totals (and one engine against the largest node). Embedded
+    (``reserved``: what the caller's own placement groups hold, its engines inside them): only
+    what the service asks outside those groups (the ingress replicas' CPUs), against the totals
+    less ``reserved``. Without this, an ingress replica that does not fit waits unscheduled and
+    the deploy never returns.
+    """
+    ingress = args.ingress_num_cpus * args.ingress_replicas
+    if reserved is not None:
+        left = {k: float(v) - float(reserved.get(k, 0.0)) for k, v in total.items()}
+        held = ", ".join(f"{k}: {_num(float(v))}" for k, v in sorted(reserved.items()))
+        check_fits(
+            {"CPU": ingress},
+            left,
+            f"the GenRM service's ingress ({args.ingress_replicas} replica(s) x "
+            f"{_num(args.ingress_num_cpus)} CPU, outside the placement groups, which hold "
+            f"{held} of the cluster's CPU: {_num(float(total.get('CPU', 0.0)))})",
+            hint="give the cluster more CPUs, or fewer bundles (--resource)",
+        )
+        return
+    per_instance, needed = standalone_needs(
+        instances,
+        cluster_has_gpus=total.get("GPU", 0.0) > 0,
+        engine_num_cpus=args.engine_num_cpus,
+        ingress_num_cpus=ingress,
+    )
+    asks = ", ".join(
+        f"{key!r}: {len(bundles)} engine(s) x {bundles[0] if bundles else {}}"
+        for key, bundles in per_instance.items()
+    )
+    if needed.get("GPU", 0.0) > 0:
+        hint = (
+            "Lower the instances' num_gpus (one engine per num_gpus_per_engine GPUs) or join a "
+            "cluster with more GPUs ($RAY_ADDRESS)"
+        )
+    else:
+        hint = (
+            f"Lower --engine-num-cpus (now {args.engine_num_cpus:g}, CPUs reserved per engine), "
+            "give the local Ray more with --num-cpus, or lower the instances' num_gpus (each "
+            "num_gpus_per_engine GPUs is one engine, also on a CPU-only cluster)"
+        )
+    for key, bundles in per_instance.items():
+        if bundles:
+            check_fits(bundles[0], node_max, f"one engine of instance {key!r}", hint=hint)
+    check_fits(
+        needed,
+        total,
+        f"the GenRM instances ({asks}, plus {ingress:g} CPU for the ingress)",
+        hint=hint,
+    )

@@ -18,7 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from genrm_serve.capacity import CapacityError, check_fits, standalone_needs
+from genrm_serve.capacity import (
+    CapacityError,
+    check_service_fits,
+    cluster_capacity,
+)
 from genrm_serve.config import (
     ENGINE_KINDS,
     GenRMConfigError,
@@ -249,45 +253,8 @@ def _ignore_signal(signum: int, _frame: Any) -> None:
 
 def _check_capacity(instances: dict[str, InstanceSpec], args: ServeArgs) -> None:
     """Exit early (``CapacityError``) when the instances can never be placed on this cluster."""
-    import ray
-
-    total = {k: float(v) for k, v in ray.cluster_resources().items()}  # type: ignore[no-untyped-call]
-    node_max: dict[str, float] = {}
-    for node in ray.nodes():  # type: ignore[no-untyped-call]
-        if node.get("Alive"):
-            for name, amount in node.get("Resources", {}).items():
-                node_max[name] = max(node_max.get(name, 0.0), float(amount))
-    per_instance, needed = standalone_needs(
-        instances,
-        cluster_has_gpus=total.get("GPU", 0.0) > 0,
-        engine_num_cpus=args.engine_num_cpus,
-        ingress_num_cpus=args.ingress_num_cpus * args.ingress_replicas,
-    )
-    asks = ", ".join(
-        f"{key!r}: {len(bundles)} engine(s) x {bundles[0] if bundles else {}}"
-        for key, bundles in per_instance.items()
-    )
-    if needed.get("GPU", 0.0) > 0:
-        hint = (
-            "Lower the instances' num_gpus (one engine per num_gpus_per_engine GPUs) or join a "
-            "cluster with more GPUs ($RAY_ADDRESS)"
-        )
-    else:
-        hint = (
-            f"Lower --engine-num-cpus (now {args.engine_num_cpus:g}, CPUs reserved per engine), "
-            "give the local Ray more with --num-cpus, or lower the instances' num_gpus (each "
-            "num_gpus_per_engine GPUs is one engine, also on a CPU-only cluster)"
-        )
-    for key, bundles in per_instance.items():
-        if bundles:
-            check_fits(bundles[0], node_max, f"one engine of instance {key!r}", hint=hint)
-    check_fits(
-        needed,
-        total,
-        f"the GenRM instances ({asks}, plus "
-        f"{args.ingress_num_cpus * args.ingress_replicas:g} CPU for the ingress)",
-        hint=hint,
-    )
+    total, node_max = cluster_capacity()
+    check_service_fits(instances, args, total, node_max)
 
 
 class _HealthProgress:
@@ -341,10 +308,12 @@ def _teardown(args: ServeArgs, started_ray: bool) -> None:
     print("shutting down ...", flush=True)
     from ray import serve
 
+    from genrm_serve.app import shutdown_serve
+
     def delete() -> None:
         try:
             if started_ray:
-                serve.shutdown()  # type: ignore[no-untyped-call]
+                shutdown_serve(TEARDOWN_TIMEOUT_S)
             else:  # someone else's cluster: remove only our app
                 serve.delete(args.app_name)
         except Exception as err:

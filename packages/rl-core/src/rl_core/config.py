@@ -29,6 +29,7 @@ from rl_core.backends.megatron.parallel import (
     add_megatron_args,
     megatron_config_from,
 )
+from rl_core.generated import GENERATED_SETS
 from rl_core.grpo.loss import LossConfig
 from rl_core.placement import (
     LayoutRequest,
@@ -38,7 +39,6 @@ from rl_core.placement import (
     layout_from_args,
     plan_layout,
 )
-from rl_core.generated import GENERATED_SETS
 from rl_core.placement.sglang_flags import pop_sglang_overrides
 
 #: The embedded Gemma 3 270M (genrm-serve's cached safetensors copy), for policy or judge.

@@ -19,12 +19,13 @@ from pathlib import Path
 from rich.console import Console
 from transformers import AutoTokenizer
 
-from genrm_serve import apply_ray_env_defaults, resolve_model_path
+from genrm_serve import RemoteEngine, apply_ray_env_defaults, resolve_model_path
 from rl_core.checkpoints import Checkpointer
 from rl_core.config import TrainConfig
 from rl_core.data import PromptDataset, load_prompt_data, write_prompt_data
-from rl_core.generated import GENERATED_SETS
+from rl_core.engine_recovery import RecoverableEngine
 from rl_core.evaluation import Evaluation
+from rl_core.generated import GENERATED_SETS
 from rl_core.layout import read_layout, write_layout
 from rl_core.metrics import GpuMemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
 from rl_core.placement import render_plan
@@ -35,6 +36,7 @@ from rl_core.stopping import StopRequest
 from rl_core.trainer import GRPOTrainer
 
 logger = logging.getLogger(__name__)
+
 
 def resolve_model(path: str) -> str:
     """A local model folder: ``embedded[:name]`` becomes genrm-serve's cached safetensors copy
@@ -114,7 +116,8 @@ async def run_training(
                 "[bold]rollout sampling[/]: not seeded (SGLang honours a seed only with "
                 "--sglang-enable-deterministic-inference)"
             )
-        every_engine = services.engines + [e for v in services.judge_engines.values() for e in v]
+        every_engine: list[RemoteEngine | RecoverableEngine] = [*services.engines]
+        every_engine += [e for v in services.judge_engines.values() for e in v]
         rewards = reward_setup(cfg, judge=services.judge)
         train_data = load_data(cfg.prompt_data, cfg, run_dir, eval_set=False)
         eval_data = (
@@ -143,6 +146,11 @@ async def run_training(
             weight_sync=weight_sync,
             memory_probe=GpuMemoryProbe(learner, every_engine) if realized.use_gpus else None,
         )
+        if weight_sync.path == "object_store" and not cfg.plan.phases_overlap:
+            # a rollout engine whose actor dies is re-created with rank 0's weights (not in
+            # fully-async: rank 0 trains meanwhile, its weights are not the engine's version)
+            for engine in services.engines:
+                engine.weights = learner.export_weights
         if stop is not None:
             stack.callback(stop.abrupt)  # a run that fails unwinds without waiting for a step
         history = await trainer.run()

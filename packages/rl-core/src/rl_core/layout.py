@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from genrm_serve import RemoteEngine
+from rl_core.engine_recovery import RecoverableEngine
 from rl_core.limits import ENGINE_PROBE_TIMEOUT_S
 from rl_core.participants import judge_id
 from rl_core.placement.realize import RealizedPlacement
@@ -121,7 +122,7 @@ def _bundle_requests(required: Mapping[str, float]) -> dict[str, tuple[int | Non
 async def read_layout(
     realized: RealizedPlacement,
     trainer_groups: Mapping[str, Any],
-    rollout_engines: Sequence[RemoteEngine],
+    rollout_engines: Sequence[RemoteEngine | RecoverableEngine],
     judge_engines: Mapping[str, Sequence[RemoteEngine]],
 ) -> dict[str, Any]:
     """Every actor of the plan: the plan's entry, the actor's own report (its runtime context:

@@ -21,9 +21,11 @@ __all__ = [
     "PROCESS_GROUP_TIMEOUT_S",
     "RAY_CALL_SETTLE_S",
     "REWARD_TIMEOUT_S",
+    "SERVE_DEPLOY_TIMEOUT_S",
     "TRAINER_CALL_TIMEOUT_S",
     "TRAINER_PROBE_TIMEOUT_S",
     "TRAINER_START_TIMEOUT_S",
+    "WAIT_WORD_EVERY_S",
     "WEIGHT_GROUP_TIMEOUT_S",
 ]
 
@@ -31,6 +33,13 @@ __all__ = [
 
 #: Placement groups created, ready and located (``realize.create_placement_groups``).
 PLACEMENT_TIMEOUT_S: Final = 600.0
+#: How often a wait on Ray (placement groups, actors' start, the judge service's deploy and its
+#: engines) says what it still waits for: no wait is silent for longer.
+WAIT_WORD_EVERY_S: Final = 5.0
+#: The embedded judge service's deploy: Serve schedules and constructs its ingress replica
+#: (which asks for no CPU, see ``services.start_judge_service``); its engines' load is waited
+#: for after it, under ``ENGINE_START_TIMEOUT_S``.
+SERVE_DEPLOY_TIMEOUT_S: Final = 300.0
 #: How long a cancelled start-up waits for a blocking Ray call in a thread to return.
 RAY_CALL_SETTLE_S: Final = 30.0
 #: How long trainer ranks wait for each other in a ``torch.distributed`` collective, joining

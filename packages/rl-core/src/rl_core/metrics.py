@@ -25,6 +25,7 @@ from rl_core.limits import ENGINE_PROBE_TIMEOUT_S
 
 if TYPE_CHECKING:
     from genrm_serve import RemoteEngine
+    from rl_core.engine_recovery import RecoverableEngine
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -186,7 +187,7 @@ class GpuMemoryProbe:
     ``n<k>.`` for node ``k`` when the run spans nodes); GPUs without a CUDA reader are absent
     (``--device cpu``)."""
 
-    def __init__(self, learner: Any, engines: Sequence[RemoteEngine]) -> None:
+    def __init__(self, learner: Any, engines: Sequence[RemoteEngine | RecoverableEngine]) -> None:
         self.learner, self.engines = learner, list(engines)
         self._engine_gpus: list[tuple[str, str]] | None = None
 

@@ -34,6 +34,8 @@ from genrm_serve import (
     ServeArgs,
     build_app,
     check_fits,
+    check_service_fits,
+    cluster_capacity,
     deploy,
     engine_id_for,
     shutdown_serve,
@@ -42,20 +44,29 @@ from genrm_serve import (
 )
 from rl_core.config import TrainConfig
 from rl_core.distributed import ForwardGroup, TrainGroup
+from rl_core.engine_recovery import EngineFactory, RecoverableEngine
 from rl_core.engines import engine_actor
-from rl_core.limits import ENGINE_START_TIMEOUT_S, RAY_CALL_SETTLE_S
+from rl_core.limits import (
+    ENGINE_START_TIMEOUT_S,
+    RAY_CALL_SETTLE_S,
+    SERVE_DEPLOY_TIMEOUT_S,
+    TRAINER_PROBE_TIMEOUT_S,
+    TRAINER_START_TIMEOUT_S,
+)
 from rl_core.metrics import PhaseClock, PhaseTimes
 from rl_core.participants import judge_id
 from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, Sleeper, phases_from_plan
 from rl_core.placement import PlacementPlan, PlacementUnavailableError
 from rl_core.placement.realize import (
     RealizedPlacement,
+    create_engine_worker_in,
     create_engine_workers,
     create_judge_engines,
     create_placement_groups,
 )
 from rl_core.specs import judge_specs, rollout_spec
 from rl_core.stopping import StopRequest
+from rl_core.waits import Heartbeat, wait_saying
 from rl_core.weight_sync import WeightSync, choose_weight_sync, make_weight_sync
 
 __all__ = [
@@ -135,14 +146,47 @@ async def start_together(steps: StartSteps, clock: PhaseClock, times: PhaseTimes
     return {k: t.result() for k, t in tasks.items()}
 
 
+def _rollout_factory(
+    realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str, index: int
+) -> EngineFactory:
+    """How rollout engine ``index`` is made again after its actor died: in the same bundle,
+    under a new actor name, started (``rl_core.engine_recovery``)."""
+    placed = realized.plan.engines_of("rollout")[index]
+
+    async def make(attempt: int) -> RemoteEngine:
+        name = f"{name_prefix}{placed.name}-r{attempt}"
+        handle = await _ray_call_in_thread(
+            create_engine_worker_in, realized, placed, spec, name=name
+        )
+        engine = engine_actor(handle, f"rollout-{index}")
+        await wait_saying(
+            engine.start(timeout_s=ENGINE_START_TIMEOUT_S),
+            f"re-created rollout engine rollout-{index} to load {spec.model_path}",
+            ENGINE_START_TIMEOUT_S + RAY_CALL_SETTLE_S,
+        )
+        return engine
+
+    return make
+
+
 async def start_rollout_engines(
     realized: RealizedPlacement, spec: InstanceSpec, name_prefix: str
-) -> list[RemoteEngine]:
-    """One engine actor per rollout engine of the plan, in its bundles, started concurrently."""
+) -> list[RecoverableEngine]:
+    """One engine actor per rollout engine of the plan, in its bundles, started concurrently;
+    each re-created where it was if its actor dies (``rl_core.engine_recovery``)."""
     handles = create_engine_workers(realized, "rollout", spec, name_prefix=name_prefix)
-    engines = [engine_actor(h, f"rollout-{i}") for i, h in enumerate(handles)]
+    actors = [engine_actor(h, f"rollout-{i}") for i, h in enumerate(handles)]
+    engines = [
+        RecoverableEngine(a, _rollout_factory(realized, spec, name_prefix, i))
+        for i, a in enumerate(actors)
+    ]
     try:
-        await asyncio.gather(*(e.start(timeout_s=ENGINE_START_TIMEOUT_S) for e in engines))
+        # each start has its own deadline (the engine's error first); this one only speaks
+        await wait_saying(
+            asyncio.gather(*(e.start(timeout_s=ENGINE_START_TIMEOUT_S) for e in actors)),
+            f"{len(engines)} rollout engine(s) to be scheduled and load {spec.model_path}",
+            ENGINE_START_TIMEOUT_S + RAY_CALL_SETTLE_S,
+        )
     except Exception as err:  # the engine's own error, in one line, not Ray's remote traceback
         cause = getattr(err, "cause", None) or err
         first = (str(cause).strip().splitlines() or [""])[0]
@@ -182,15 +226,42 @@ async def start_judge_service(
     # which meanwhile starts what else the plan has.
     stack.push_async_callback(asyncio.to_thread, shutdown_serve)
     host = ServeArgs.model_fields["host"].default
+    # The ingress routes requests (async I/O, no compute) and asks for no CPU: the plan's
+    # bundles may hold every CPU of the cluster (8 bundles of {GPU: 1, CPU: 1} on a node of 8),
+    # and a replica that asks for 0.1 more waits unscheduled for ever. What the service still
+    # asks outside the placement groups is checked as `genrm-serve run` checks it.
+    sargs = ServeArgs(host=host, port=port or 0, engine_num_cpus=0.5, ingress_num_cpus=0.0)
+    total, node_max = await _ray_call_in_thread(cluster_capacity)
+    try:
+        reserved = plan_needs(realized.plan, realized.use_gpus)
+        check_service_fits(instances, sargs, total, node_max, reserved=reserved)
+    except CapacityError as err:
+        raise PlacementUnavailableError(str(err)) from err
     # the proxy first: on a free port (another one if that was taken before it bound it)
     port = await _ray_call_in_thread(start_proxy, host, port)
-    sargs = ServeArgs(host=host, port=port, engine_num_cpus=0.5)
-    await _ray_call_in_thread(deploy, build_app(instances, engines=refs, args=sargs), sargs)
+    sargs = sargs.model_copy(update={"port": port})
+    app = build_app(instances, engines=refs, args=sargs)
+    what = "the judge service's deploy (Serve's ingress replica)"
+    deploying = Heartbeat(what, SERVE_DEPLOY_TIMEOUT_S)
+    try:
+        await _ray_call_in_thread(
+            deploy,
+            app,
+            sargs,
+            timeout_s=SERVE_DEPLOY_TIMEOUT_S,
+            progress=deploying,
+            progress_every_s=deploying.every_s,
+        )
+    except TimeoutError as err:  # never scheduled: Serve's message names what it asks for
+        raise PlacementUnavailableError(f"{what}: {err}") from err
     # an engine that cannot start ends the wait with its error (EngineStartError); a cancelled
     # start (Ctrl-C, a failed sibling step) ends it at the next poll, not at the deadline
     stop = threading.Event()
     try:
-        await asyncio.to_thread(wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S, stop=stop)
+        loading = Heartbeat("the judge engines to load", ENGINE_START_TIMEOUT_S)
+        await asyncio.to_thread(
+            wait_until_healthy, sargs, ENGINE_START_TIMEOUT_S, stop=stop, progress=loading
+        )
     finally:
         stop.set()
     return sargs.url, actors
@@ -232,7 +303,14 @@ async def start_trainer_groups(
                     name_prefix=prefix,
                     load_reference=False,
                 )
-    await asyncio.gather(*(g.start() for g in groups.values()))
+    ranks = sum(g.world_size for g in groups.values())
+    # each rank's call has its own deadline (address, setup, model-parallel size): this one
+    # holds them and speaks while they run
+    await wait_saying(
+        asyncio.gather(*(g.start() for g in groups.values())),
+        f"{ranks} trainer rank(s) ({', '.join(groups)}) to be scheduled, join and load",
+        TRAINER_START_TIMEOUT_S + 3 * TRAINER_PROBE_TIMEOUT_S,
+    )
     return groups
 
 
@@ -245,14 +323,19 @@ def _cluster_gpus() -> float:
     return float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call]
 
 
+def plan_needs(plan: PlacementPlan, use_gpus: bool) -> dict[str, float]:
+    """What the plan's placement groups hold: every bundle is ``{GPU: 1, CPU: 1}`` (``{CPU:
+    1}`` without GPUs)."""
+    bundles = sum(g.num_bundles for g in plan.groups)
+    return {"CPU": float(bundles)} | ({"GPU": float(bundles)} if use_gpus else {})
+
+
 def _check_capacity(plan: PlacementPlan, use_gpus: bool) -> None:
     """A plan the cluster can never hold (in total, not just free now) is refused at once,
-    not after the placement wait; every bundle is ``{GPU: 1, CPU: 1}`` (``{CPU: 1}`` without
-    GPUs)."""
+    not after the placement wait."""
     import ray
 
-    bundles = sum(g.num_bundles for g in plan.groups)
-    needed = {"CPU": float(bundles)} | ({"GPU": float(bundles)} if use_gpus else {})
+    needed = plan_needs(plan, use_gpus)
     try:
         check_fits(
             needed,
@@ -311,7 +394,7 @@ class Services:
     """What the GRPO loop runs on: the engines, the trainer groups, the phase machine and the
     client of the judge service (None without one)."""
 
-    engines: list[RemoteEngine]
+    engines: list[RecoverableEngine]
     judge_engines: dict[str, list[RemoteEngine]]
     groups: dict[str, Any]
     phases: PhaseMachine
@@ -365,7 +448,7 @@ async def start_services(
         started = await start_in_turn(steps, clock, startup)
     else:
         started = await start_together(steps, clock, startup)
-    engines: list[RemoteEngine] = started["rollout_engines"]
+    engines: list[RecoverableEngine] = started["rollout_engines"]
 
     participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
     judge_engines: dict[str, list[RemoteEngine]] = {}

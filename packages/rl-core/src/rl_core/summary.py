@@ -141,6 +141,13 @@ def _untrained_lines(history: Sequence[StepRecord]) -> list[str]:
             f"[bold]cut off at the length limit[/] (judged; in the loss only with "
             f"--keep-cut-off): {counts}"
         )
+    restarted = [h for h in history if h.metrics.get("rollout/engine_restarts")]
+    if restarted:
+        lines.append(
+            "[bold]rollout engines re-created[/] (their actor died; the requests they held were "
+            "sent again, every sample once): "
+            + ", ".join(f"step {h.step}: {h.metrics['rollout/engine_restarts']}" for h in restarted)
+        )
     return lines + [
         f"[bold]step {h.step} trained nothing[/]: {h.untrained}; its weights were not changed"
         for h in history

@@ -54,6 +54,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (EngineStartError, JudgeFailureError, NothingToTrainError, CheckpointError) as err:
         print(f"rl-core train: {err}", file=sys.stderr)
         return 1
+    except Exception as err:
+        from rl_core.lost import lost_actor_error, lost_process_line
+
+        lost = lost_actor_error(err)
+        if lost is None:
+            raise
+        # a process that died and was not re-created: one line, no traceback (rl_core.lost)
+        given = list(sys.argv[1:] if argv is None else argv)
+        print(f"rl-core train: {lost_process_line(lost, given, cfg.save)}", file=sys.stderr)
+        return 1
     if stop.report is not None:
         _exit_now(status, stop.report)
     return status

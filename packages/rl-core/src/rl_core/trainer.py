@@ -24,6 +24,7 @@ from rl_core.checkpoints import Checkpointer, Resume
 from rl_core.config import TrainConfig
 from rl_core.data import PromptCursor, PromptDataset
 from rl_core.distributed import ForwardGroup, Learner
+from rl_core.engine_recovery import engine_restarts
 from rl_core.engines import EngineHandle, StaleWeightsError
 from rl_core.evaluation import Evaluation
 from rl_core.grpo.advantages import Advantages, sample_advantages
@@ -207,6 +208,8 @@ class GRPOTrainer:
         )
         #: steps in a row that trained nothing (no sample in the loss)
         self._untrained_steps = 0
+        #: rollout engine re-creations already counted in a step's metrics
+        self._restarts_counted = 0
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -376,6 +379,12 @@ class GRPOTrainer:
         assert self.actor_fwd is not None
         await self.actor_fwd.load_weights(await self.learner.export_weights())
 
+    def _take_engine_restarts(self) -> int:
+        """Rollout engines re-created since the last step's metrics (``engine_recovery``)."""
+        total = engine_restarts(self.engines)
+        new, self._restarts_counted = total - self._restarts_counted, total
+        return new
+
     async def record_memory(self, phase: str) -> None:
         """GPU memory at the end of ``phase`` (every GPU of the run), for this step's metrics."""
         if self.memory_probe is None:
@@ -398,6 +407,7 @@ class GRPOTrainer:
         metrics = self._rollout_metrics(batch)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         metrics["train/untrained"] = 0 if untrained is None else 1
+        restarts = self._take_engine_restarts()
         if untrained is not None:
             metrics["train/untrained_reason"] = untrained
         metrics.update(
@@ -407,6 +417,8 @@ class GRPOTrainer:
                 "adv/degenerate_groups": adv.num_degenerate_groups,
                 "adv/groups": adv.num_groups,
                 "rollout/judge_errors": errors,
+                # rollout engines re-created during the step (their requests were sent again)
+                "rollout/engine_restarts": restarts,
                 "weights/version": self.weight_version,
             }
         )
@@ -421,6 +433,13 @@ class GRPOTrainer:
                 len(batch),
                 _fmt(metrics["rollout/reward_mean"]),
                 metrics["rollout/reward_samples"],
+            )
+        if restarts:
+            logger.warning(
+                "step %d: %d rollout engine re-creation(s); the requests they held were sent "
+                "again, every sample is in the step once",
+                step + 1,
+                restarts,
             )
         if self.evaluation.due(step + 1):
             if self.stop.requested:

@@ -36,13 +36,14 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from genrm_serve import InstanceSpec
-from rl_core.limits import PLACEMENT_TIMEOUT_S
+from rl_core.limits import PLACEMENT_TIMEOUT_S, WAIT_WORD_EVERY_S
 from rl_core.placement.errors import PlacementUnavailableError
 from rl_core.placement.plan import EnginePlacement, GroupPlan, PlacementPlan
 
 __all__ = [
     "BundleSlot",
     "RealizedPlacement",
+    "create_engine_worker_in",
     "create_engine_workers",
     "create_judge_engines",
     "create_placement_groups",
@@ -252,7 +253,7 @@ def create_placement_groups(
     plan: PlacementPlan,
     *,
     timeout_s: float = PLACEMENT_TIMEOUT_S,
-    log_interval_s: float = 10.0,
+    log_interval_s: float = WAIT_WORD_EVERY_S,
     use_gpus: bool = True,
 ) -> RealizedPlacement:
     """Create, wait for and locate the plan's placement groups on the connected Ray cluster.
@@ -330,21 +331,32 @@ def create_engine_workers(
 ) -> list[Any]:
     """genrm-serve ``EngineWorker`` actors (created, not started) for the plan's engines of
     ``role`` / ``instance``, each in its first bundle with the plan's GPU share."""
-    from genrm_serve import create_engine_worker
 
     def make(engine: EnginePlacement, opts: dict[str, Any]) -> Any:
-        return create_engine_worker(
-            spec,
-            engine.index,
-            placement_group=opts["placement_group"],
-            bundle_index=opts["bundle_index"],
-            num_gpus=opts["num_gpus"],
-            num_cpus=opts["num_cpus"],
-            name=None if name_prefix is None else f"{name_prefix}{engine.name}",
-            shared_gpu=shares_gpus(realized.plan),
-        )
+        name = None if name_prefix is None else f"{name_prefix}{engine.name}"
+        return create_engine_worker_in(realized, engine, spec, name=name)
 
     return place_engines(realized, role, make, instance=instance)
+
+
+def create_engine_worker_in(
+    realized: RealizedPlacement, engine: EnginePlacement, spec: InstanceSpec, *, name: str | None
+) -> Any:
+    """One engine's ``EngineWorker`` actor (created, not started) in its first bundle with the
+    plan's GPU share: at start-up, and again when a rollout engine is re-created."""
+    from genrm_serve import create_engine_worker
+
+    opts = realized.engine_options(engine)
+    return create_engine_worker(
+        spec,
+        engine.index,
+        placement_group=realized.placement_groups[engine.group],
+        bundle_index=realized.slot(engine.group, engine.bundles[0]).bundle_index,
+        num_gpus=opts["num_gpus"],
+        num_cpus=opts["num_cpus"],
+        name=name,
+        shared_gpu=shares_gpus(realized.plan),
+    )
 
 
 def create_judge_engines(

@@ -1,0 +1,95 @@
+"""One line for a run that lost a process it cannot simply re-create (a trainer rank, an engine
+on a weight path that cannot take a new one): which process, Ray's cause, and the command that
+resumes. No traceback: the user's next step is the command, not Ray's internals.
+
+Ray's ``ActorDiedError`` carries what it knows as text (class, name, pid, ip, then its cause:
+killed by ``ray.kill``, the memory monitor's figures, a node that died); this module reads it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from rl_core.checkpoints import LATEST
+
+__all__ = ["lost_actor_error", "lost_process_line", "resume_command"]
+
+#: The header lines of Ray's message (what the process was), not its cause.
+_HEADER = re.compile(r"^\s*(class_name|actor_id|pid|name|namespace|ip):\s*(.*)$")
+#: What Ray's memory monitor's message begins with, and its figures.
+_OOM = re.compile(r"Memory on the node .*? was ([\d.]+GB used / [\d.]+GB limit)")
+#: rl-core's actor names: ``rl-core-<run>:<role>-<rank>``.
+_PREFIX = re.compile(r"^rl-core-[0-9a-f]+:")
+_CAUSE_CHARS = 300
+
+
+def _drop_flag(argv: Sequence[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == flag:
+            skip = True
+            continue
+        if arg.startswith(flag + "="):
+            continue
+        out.append(arg)
+    return out
+
+
+def resume_command(argv: Sequence[str], save: str | None) -> str | None:
+    """The command that resumes this run from its last checkpoint (None without ``--save``, or
+    before its first checkpoint was written)."""
+    if not save or not (Path(save) / LATEST).exists():
+        return None
+    return shlex.join(["rl-core", "train", *_drop_flag(argv, "--load"), "--load", save])
+
+
+def lost_actor_error(err: BaseException) -> BaseException | None:
+    """Ray's error for a process that died, if ``err`` is one or was raised from one (a
+    deadline, an engine's ``EngineGoneError``, a task group), else None."""
+    from ray.exceptions import OutOfMemoryError, RayActorError
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [err]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, RayActorError | OutOfMemoryError):
+            return e
+        todo += [x for x in (e.__cause__, e.__context__, getattr(e, "cause", None)) if x]
+        if isinstance(e, BaseExceptionGroup):
+            todo += list(e.exceptions)
+    return None
+
+
+def lost_process_line(err: BaseException, argv: Sequence[str], save: str | None) -> str:
+    """``err`` (Ray's actor error, or an error raised from one) as the run's last line."""
+    text = str(getattr(err, "cause", None) or err)
+    fields: dict[str, str] = {}
+    rest: list[str] = []
+    for line in text.splitlines():
+        m = _HEADER.match(line)
+        if m:
+            fields[m[1]] = m[2].strip()
+        elif line.strip() and "died unexpectedly before finishing" not in line:
+            rest.append(line.strip())
+    name = _PREFIX.sub("", fields.get("name", "")) or fields.get("class_name", "a Ray actor")
+    what = "trainer rank" if fields.get("class_name") == "TrainWorker" else "process"
+    where = ", ".join(f"{k} {fields[k]}" for k in ("pid", "ip") if k in fields)
+    oom = _OOM.search(text)
+    cause = f"killed by Ray's memory monitor ({oom[1]})" if oom else " ".join(rest) or "unknown"
+    if len(cause) > _CAUSE_CHARS:
+        cause = cause[: _CAUSE_CHARS - 3] + "..."
+    line = f"lost {what} {name}" + (f" ({where})" if where else "") + f": {cause}"
+    command = resume_command(argv, save)
+    if command is None:
+        why = "the run had no --save" if not save else f"none was written to {save} yet"
+        return line + f"; no checkpoint to resume from ({why})"
+    return line + f"; resume from the last checkpoint with: {command}"

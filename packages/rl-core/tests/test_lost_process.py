@@ -1,0 +1,107 @@
+"""A lost process the run cannot re-create ends it with one line: which, Ray's cause, the
+command that resumes (``rl_core.lost``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ray.exceptions import RayActorError
+
+from rl_core.lost import lost_process_line, resume_command
+
+_KILLED = """The actor died unexpectedly before finishing this task.
+\tclass_name: TrainWorker
+\tactor_id: 0a1b
+\tpid: 4242
+\tname: rl-core-1f2e3d:actor-1
+\tnamespace: 9c8b
+\tip: 10.0.0.7
+The actor is dead because it was killed by `ray.kill`."""
+
+
+def test_a_killed_trainer_rank_is_named_with_its_cause_and_the_resume(tmp_path: Path) -> None:
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    (save / "latest").write_text("step_000001")
+    argv = ["--preset", "cpu-demo", "--save", str(save), "--load", "old"]
+    line = lost_process_line(RayActorError(error_msg=_KILLED), argv, str(save))
+    assert line.startswith("lost trainer rank actor-1 (pid 4242, ip 10.0.0.7): ")
+    assert "killed by `ray.kill`" in line
+    assert line.endswith(f"rl-core train --preset cpu-demo --save {save} --load {save}")
+    assert "\n" not in line
+
+
+def test_without_a_checkpoint_it_says_there_is_none(tmp_path: Path) -> None:
+    err = RayActorError(error_msg=_KILLED)
+    assert lost_process_line(err, [], None).endswith("(the run had no --save)")
+    assert resume_command([], str(tmp_path)) is None  # --save given, nothing written yet
+    assert "none was written to" in lost_process_line(err, [], str(tmp_path))
+
+
+def test_an_oom_kill_gives_the_memory_figures() -> None:
+    text = (
+        "Task was killed due to the node running low on memory.\nMemory on the node (IP: "
+        "10.0.0.7, ID: ab) was 22.49GB used / 23.59GB limit (0.95)\n" + "detail " * 200
+    )
+    line = lost_process_line(RuntimeError(text), [], None)
+    assert "killed by Ray's memory monitor (22.49GB used / 23.59GB limit)" in line
+
+
+def test_rays_error_is_found_under_what_was_raised_from_it() -> None:
+    from genrm_serve import EngineGoneError
+    from rl_core.lost import lost_actor_error
+
+    ray_err = RayActorError(error_msg=_KILLED)
+    try:
+        try:
+            raise EngineGoneError("rollout-0", ray_err)
+        except EngineGoneError as gone:
+            raise TimeoutError("a deadline") from gone
+    except TimeoutError as outer:
+        assert lost_actor_error(outer) is ray_err
+    assert lost_actor_error(ValueError("not Ray")) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_killed_trainer_rank_ends_the_run_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import threading
+    import time
+
+    import ray
+
+    from genrm_serve.testing import build_tiny_model
+    from rl_core.data import make_easy_math, write_prompt_data
+    from rl_core.train import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    model = build_tiny_model(tmp_path / "policy")
+    data = write_prompt_data(tmp_path / "train.jsonl", make_easy_math(8, seed=1, shots=1))
+    run_dir, save = tmp_path / "run", tmp_path / "ckpt"
+    argv = [
+        "--hf-checkpoint", str(model), "--prompt-data", str(data), "--rm-type", "math",
+        "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
+        "--rollout-max-response-len", "6", "--keep-cut-off", "--colocate", "--device", "cpu",
+        "--run-dir", str(run_dir), "--save", str(save), "--save-interval", "1",
+    ]  # fmt: skip
+
+    def kill_rank_after_step_1() -> None:
+        deadline = time.monotonic() + 500
+        while time.monotonic() < deadline:
+            if (save / "latest").exists():
+                (name,) = [n for n in ray.util.list_named_actors() if n.endswith(":actor-0")]
+                ray.kill(ray.get_actor(name))
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_rank_after_step_1, daemon=True).start()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("rl-core train: lost")]
+    assert line.startswith("rl-core train: lost trainer rank actor-0 (")
+    assert "ray.kill" in line
+    assert line.endswith(f"--load {save}")
