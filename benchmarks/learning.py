@@ -80,12 +80,23 @@ def judge_rate(seed: int = 1) -> float:
 
 def run(reward: str, seed: int) -> int:
     out = run_dir(reward, seed)
-    cmd = ["rl-core", "train", *RECIPE, *REWARDS[reward], "--seed", str(seed), "--run-dir", str(out)]
+    cmd = [
+        "rl-core",
+        "train",
+        *RECIPE,
+        *REWARDS[reward],
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(out),
+    ]
     env = dict(os.environ)
     if reward == "null":
         env["GENRM_NULL_RATE"] = f"{judge_rate():.4f}"
         env["GENRM_NULL_SEED"] = str(seed)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(ROOT / "benchmarks"), env.get("PYTHONPATH")])
+        )
         print(f"null reward pays 1 at the judge run's rate: {env['GENRM_NULL_RATE']}")
     print("$ " + shlex.join(cmd), flush=True)
     return subprocess.call(cmd, env=env, cwd=ROOT)
@@ -94,7 +105,11 @@ def run(reward: str, seed: int) -> int:
 def curves(path: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(eval verified pass@1 by step, training reward by step)."""
     rows = metrics(path)
-    evals = [(r["step"], r["eval/verified_accuracy"]) for r in rows if r.get("eval/verified_accuracy") is not None]
+    evals = [
+        (r["step"], r["eval/verified_accuracy"])
+        for r in rows
+        if r.get("eval/verified_accuracy") is not None
+    ]
     reward = [(r["step"], r["rollout/reward_mean"]) for r in rows if "rollout/reward_mean" in r]
     return evals, reward
 
@@ -114,14 +129,18 @@ def report() -> None:
         rows = metrics(path)
         wall = (rows[-1]["time"] - rows[0]["time"]) / 60
         (line,) = ax_eval.plot(*zip(*evals, strict=True), marker="o", label=path.name)
-        ax_reward.plot(*zip(*reward, strict=True), color=line.get_color(), alpha=0.8, label=path.name)
+        ax_reward.plot(
+            *zip(*reward, strict=True), color=line.get_color(), alpha=0.8, label=path.name
+        )
         gain = 100 * (evals[-1][1] - evals[0][1])
         mean_r = statistics.fmean(r for _, r in reward)
         print(
             f"| {path.name} | {evals[0][1]:.3f} | {evals[-1][1]:.3f} | {gain:+.1f} | {mean_r:.3f} "
             f"| {reward[-1][0]} | {wall:.1f} min |"
         )
-    ax_eval.set(title="held-out greedy pass@1 (math-verify), 200 sums", xlabel="step", ylabel="pass@1")
+    ax_eval.set(
+        title="held-out greedy pass@1 (math-verify), 200 sums", xlabel="step", ylabel="pass@1"
+    )
     ax_reward.set(title="training reward (each run's own)", xlabel="step", ylabel="mean reward")
     for ax in (ax_eval, ax_reward):
         ax.grid(alpha=0.3)
@@ -133,7 +152,9 @@ def report() -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_run = sub.add_parser("run", help="one training run of the recipe")
     p_run.add_argument("reward", choices=sorted(REWARDS))

@@ -22,8 +22,6 @@ _coin = random.Random(int(os.environ.get("GENRM_NULL_SEED", "1")))
 
 async def score(args: Any, sample: Any) -> dict[str, Any]:
     """``--custom-rm-path learning_null:score``."""
-    rule = await math_decide(
-        label_of(sample), extract_answer(response_of(sample)), timeout_s=5.0
-    )
+    rule = await math_decide(label_of(sample), extract_answer(response_of(sample)), timeout_s=5.0)
     value = 1.0 if _coin.random() < _rate else 0.0
     return {"score": value, "acc": int(value), "pred": "coin", "status": "ok", "rule": rule}

@@ -41,5 +41,5 @@ def test_the_held_out_sums_appear_nowhere_in_training():
 
 def test_generated_sets_are_the_same_on_every_call():
     assert make_sums("train") == make_sums("train")
-    assert GENERATED_DATA == tuple(GENERATED_SETS)
+    assert tuple(GENERATED_SETS) == GENERATED_DATA
     assert {"gen:sums-2d1d", "gen:sums-2d1d-eval"} <= set(GENERATED_SETS)
