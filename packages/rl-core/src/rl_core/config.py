@@ -29,6 +29,7 @@ from rl_core.backends.megatron.parallel import (
     add_megatron_args,
     megatron_config_from,
 )
+from rl_core.generated import GENERATED_SETS
 from rl_core.grpo.loss import LossConfig
 from rl_core.placement import (
     LayoutRequest,
@@ -38,7 +39,6 @@ from rl_core.placement import (
     layout_from_args,
     plan_layout,
 )
-from rl_core.generated import GENERATED_SETS
 from rl_core.placement.sglang_flags import pop_sglang_overrides
 
 #: The embedded Gemma 3 270M (genrm-serve's cached safetensors copy), for policy or judge.
@@ -476,10 +476,21 @@ def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
 
     A wrong layout is caught here, before any model loads or Ray starts.
     """
+    ns, overrides = parse_train_namespace(sys.argv[1:] if argv is None else argv)
+    return config_from_namespace(ns, sglang_overrides=overrides)
+
+
+def parse_train_namespace(
+    argv: Sequence[str], *, prog: str = "rl-core train"
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The flags of a train command line with ``--preset`` and ``--config`` applied under them,
+    and its SGLang server overrides: the one parsing path of ``rl-core train`` and of
+    ``rl-core plan --preset/--config``, so the plan printed is the plan train runs."""
     parser = build_parser()
+    parser.prog = prog
     known = {opt for action in parser._actions for opt in action.option_strings}
     try:
-        argv, overrides = pop_sglang_overrides(sys.argv[1:] if argv is None else argv, known)
+        argv, overrides = pop_sglang_overrides(list(argv), known)
     except PlacementError as err:
         raise ConfigError(str(err)) from err
     first, _ = parser.parse_known_args(argv)
@@ -489,7 +500,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
     if first.config:
         defaults.update(_file_values(first.config, parser))
     parser.set_defaults(**defaults)
-    return config_from_namespace(parser.parse_args(argv), sglang_overrides=overrides)
+    return parser.parse_args(argv), dict(overrides)
 
 
 def build_config(**values: Any) -> TrainConfig:
