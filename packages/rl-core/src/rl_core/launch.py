@@ -23,10 +23,16 @@ from genrm_serve import apply_ray_env_defaults, resolve_model_path
 from rl_core.checkpoints import Checkpointer
 from rl_core.config import TrainConfig
 from rl_core.data import PromptDataset, load_prompt_data, write_prompt_data
-from rl_core.generated import GENERATED_SETS
 from rl_core.evaluation import Evaluation
+from rl_core.generated import GENERATED_SETS
 from rl_core.layout import read_layout, write_layout
-from rl_core.metrics import GpuMemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
+from rl_core.metrics import (
+    GpuMemoryProbe,
+    MetricsWriter,
+    PhaseClock,
+    PhaseTimes,
+    clear_run_records,
+)
 from rl_core.placement import render_plan
 from rl_core.rewards import reward_setup
 from rl_core.services import start_ray, start_services, start_weight_sync
@@ -35,6 +41,7 @@ from rl_core.stopping import StopRequest
 from rl_core.trainer import GRPOTrainer
 
 logger = logging.getLogger(__name__)
+
 
 def resolve_model(path: str) -> str:
     """A local model folder: ``embedded[:name]`` becomes genrm-serve's cached safetensors copy
@@ -69,6 +76,8 @@ def load_data(spec: str, cfg: TrainConfig, run_dir: Path, *, eval_set: bool) -> 
 def _prepare_run_dir(cfg: TrainConfig) -> Path:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.overwrite_run_dir and cfg.load is None:
+        clear_run_records(run_dir)  # preflight refused this folder without the flag
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
     return run_dir
 

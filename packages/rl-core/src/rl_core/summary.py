@@ -154,7 +154,12 @@ def _eval_lines(history: Sequence[StepRecord], evals: Sequence[dict[str, Any]] |
     first_step = history[0].step if history else 1
     lines = []
     for m in evals:
-        when = "before training" if m["step"] < first_step else f"after step {m['step']}"
+        if m["step"] == 0:
+            when = "before training"
+        elif m["step"] < first_step:  # a resumed run's, of the checkpoint it resumed from
+            when = f"of the resumed checkpoint (step {m['step']})"
+        else:
+            when = f"after step {m['step']}"
         lines.append(
             f"[bold]eval {when}[/]: accuracy (pass@1) {_fmt(m.get('eval/accuracy'))}, "
             f"mean reward {_fmt(m.get('eval/reward_mean'))}, judge agrees with math-verify "
