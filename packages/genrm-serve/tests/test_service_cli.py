@@ -128,6 +128,64 @@ def test_config_file_and_flags_together_are_refused(
     assert _exit_2(capsys, "run", "--config", str(tmp_path / "missing.yaml")).count("cannot read")
 
 
+def _adapterless(tmp_path: Path) -> str:
+    (tmp_path / "not-an-adapter").mkdir()
+    return json.dumps({"adapter_path": str(tmp_path / "not-an-adapter")})
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ("--genrm-model-path", "/no/such/model"),
+            "instance '__default__': model_path='/no/such/model': no such folder",
+        ),
+        (
+            ("--genrm-instances", '{"q": {"model_path": "embedded:nope", "num_gpus": 1}}'),
+            "instance 'q': model_path='embedded:nope': embedded model 'nope' is unknown",
+        ),
+        (
+            ("--genrm-model-path", "embedded", "--genrm-engine-config", "ADAPTER"),
+            "engine_config.adapter_path='TMP/not-an-adapter': is not a LoRA adapter folder",
+        ),
+        (
+            (
+                "--genrm-model-path",
+                "embedded",
+                "--genrm-engine-config",
+                '{"python_executable": "/no/python"}',
+            ),
+            "engine_config.python_executable='/no/python': not an executable file",
+        ),
+    ],
+    ids=["missing-model", "unknown-embedded", "not-an-adapter", "no-python"],
+)
+def test_what_the_instances_point_to_is_refused_before_ray_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: tuple[str, ...], message: str
+) -> None:
+    """A wrong model_path or adapter_path failed inside the engine actors, after Ray and Serve
+    had started: 21-32 s, exit 1, four tracebacks. Now one line, exit 2, Ray never started."""
+    argv = tuple(_adapterless(tmp_path) if a == "ADAPTER" else a for a in argv)
+    err = _exit_2(capsys, "run", *argv).strip()
+    assert err == f"genrm-serve run: error: {message.replace('TMP', str(tmp_path))}" or (
+        message.replace("TMP", str(tmp_path)) in err and len(err.splitlines()) == 1
+    ), err
+
+
+def test_a_missing_model_is_refused_in_seconds_by_the_installed_command() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "genrm_serve.cli", "run", "--genrm-model-path", "/no/such/model"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "genrm-serve run: error: instance '__default__': model_path='/no/such/model': no such "
+        "folder (a transformers model folder)"
+    ]
+
+
 def test_the_installed_command_exits_2_and_has_help() -> None:
     cmd = [sys.executable, "-m", "genrm_serve.cli"]
     bad = subprocess.run(

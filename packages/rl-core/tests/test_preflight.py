@@ -173,6 +173,17 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             r"metrics.jsonl\).*Pass --overwrite-run-dir to replace them, choose a new --run-dir, "
             r"or --load",
         ),
+        "a judge adapter that is no adapter": (
+            [
+                "--genrm-instances",
+                DROP,
+                "--genrm-model-path",
+                "embedded",
+                "--genrm-engine-config",
+                json.dumps({"adapter_path": str(tmp / "folder")}),
+            ],
+            r"--genrm-engine-config adapter_path .*folder: is not a LoRA adapter folder",
+        ),
         "save where nothing can be written": (
             ["--save", "/dev/null/ckpt"],
             r"--save /dev/null/ckpt: not writable",

@@ -64,6 +64,8 @@ _EXPORTS: dict[str, str] = {
     "LOCAL_RAY_ENV": "genrm_serve.ray_env",
     "apply_ray_env_defaults": "genrm_serve.ray_env",
     "check_model_path": "genrm_serve.models",
+    "check_instance_files": "genrm_serve.preflight",
+    "InstanceFileError": "genrm_serve.preflight",
     "default_cache_dir": "genrm_serve.models",
     "is_embedded": "genrm_serve.models",
     "resolve_model_path": "genrm_serve.models",
@@ -100,6 +102,7 @@ __all__ = [
     "EngineWorker",
     "GenRMConfigError",
     "HostOffloader",
+    "InstanceFileError",
     "InstanceSpec",
     "RemoteEngine",
     "ServeArgs",
@@ -109,6 +112,7 @@ __all__ = [
     "apply_ray_env_defaults",
     "build_app",
     "check_fits",
+    "check_instance_files",
     "check_model_path",
     "check_owned_server_args",
     "create_engine_worker",
@@ -197,6 +201,7 @@ if TYPE_CHECKING:  # the names as type checkers see them
         resolve_model_path,
     )
     from genrm_serve.precision import CpuBf16Probe, probe_cpu_bf16, resolve_bf16
+    from genrm_serve.preflight import InstanceFileError, check_instance_files
     from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
     from genrm_serve.serve_args import ServeArgs
 

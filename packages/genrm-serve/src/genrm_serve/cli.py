@@ -35,6 +35,7 @@ from genrm_serve.limits import (
     STATUS_TIMEOUT_S,
     TEARDOWN_TIMEOUT_S,
 )
+from genrm_serve.preflight import InstanceFileError, check_instance_files
 from genrm_serve.ray_env import apply_ray_env_defaults
 from genrm_serve.serve_args import DEFAULT_APP_NAME, DEFAULT_PORT, DEFAULT_ROUTE_PREFIX, ServeArgs
 
@@ -219,6 +220,11 @@ def _resolve_run(
         parser.error(str(err))
     except ValueError as err:  # pydantic's ValidationError of ServeArgs
         parser.error(str(err))
+    try:  # what the instances point to, on disk: refused before Ray starts
+        check_instance_files(instances)
+    except InstanceFileError as err:
+        print(f"genrm-serve run: error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     return instances, args
 
 
@@ -406,7 +412,9 @@ def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
                 print("the service was shut down from elsewhere; exiting")
                 return 0
     except (KeyboardInterrupt, _Stop) as stop:
-        print(f"\nstopping ({stop or 'SIGINT'}) ...", file=sys.stderr, flush=True)
+        # a KeyboardInterrupt's text is empty (or Ray's "()"): name the signal itself
+        name = str(stop) if isinstance(stop, _Stop) else "SIGINT"
+        print(f"\nstopping ({name}) ...", file=sys.stderr, flush=True)
     finally:
         signal.signal(signal.SIGTERM, _ignore_signal)
         signal.signal(signal.SIGINT, _ignore_signal)

@@ -60,13 +60,24 @@ def _check_model_folder(flag: str, path: str) -> None:
 
 
 def check_models(cfg: TrainConfig) -> None:
-    """The policy and every judge that loads a model are folders with a config."""
+    """The policy and every judge that loads a model are folders with a config; a judge's
+    adapter and engine Python are what they must be (genrm-serve's own check, which
+    ``genrm-serve run`` runs too), named by the flags that set them."""
+    from genrm_serve import InstanceFileError, check_instance_files
+
     _check_model_folder("--hf-checkpoint", cfg.hf_checkpoint)
-    for key, spec in cfg.genrm_instances.items():
-        if spec.engine == "scripted" or spec.model_path.startswith("scripted"):
-            continue  # the test engine: its model_path is a script
-        flag = "--genrm-model-path" if key == "__default__" else f"--genrm-instances {key}"
-        _check_model_folder(flag, spec.model_path)
+    try:
+        check_instance_files(cfg.genrm_instances)
+    except InstanceFileError as err:
+        if err.key != "__default__":
+            where = f"--genrm-instances {err.key}"
+            if err.setting != "model_path":
+                where += f" {err.setting}"
+        elif err.setting == "model_path":
+            where = "--genrm-model-path"
+        else:
+            where = f"--genrm-engine-config {err.setting.removeprefix('engine_config.')}"
+        raise ConfigError(f"{where} {err.value}: {err.reason}") from None
 
 
 # --- data ------------------------------------------------------------------------------------
