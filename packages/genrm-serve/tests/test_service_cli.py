@@ -329,3 +329,29 @@ def test_run_serves_in_ray_serves_high_throughput_mode(unused_port: int) -> None
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.parametrize(
+    ("host", "key", "allow", "expected"),
+    [
+        ("127.0.0.1", None, False, None),
+        ("localhost", None, False, None),
+        ("0.0.0.0", "k", False, None),
+        ("0.0.0.0", None, False, "/sleep and /wake_up stay refused to callers on other machines"),
+        ("10.1.2.3", None, True, "any caller can also put the judges to sleep or wake them"),
+    ],
+    ids=["loopback", "localhost", "with-key", "open", "open-with-remote-control"],
+)
+def test_listening_beyond_loopback_without_a_key_warns(
+    host: str, key: str | None, allow: bool, expected: str | None
+) -> None:
+    """``--host 0.0.0.0`` without GENRM_API_KEY started without a word."""
+    from genrm_serve.cli import exposure_warning
+    from genrm_serve.serve_args import ServeArgs
+
+    warning = exposure_warning(ServeArgs(host=host, api_key=key, allow_remote_control=allow))
+    if expected is None:
+        assert warning is None
+    else:
+        assert warning is not None and expected in warning
+        assert "without an API key" in warning and "GENRM_API_KEY" in warning

@@ -37,7 +37,13 @@ from genrm_serve.limits import (
 )
 from genrm_serve.preflight import InstanceFileError, check_instance_files
 from genrm_serve.ray_env import apply_ray_env_defaults
-from genrm_serve.serve_args import DEFAULT_APP_NAME, DEFAULT_PORT, DEFAULT_ROUTE_PREFIX, ServeArgs
+from genrm_serve.serve_args import (
+    DEFAULT_APP_NAME,
+    DEFAULT_PORT,
+    DEFAULT_ROUTE_PREFIX,
+    ServeArgs,
+    is_loopback,
+)
 
 __all__ = ["build_parser", "load_config_file", "main"]
 
@@ -101,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         default=None,
         help="bearer token clients must send (default: $GENRM_API_KEY; unset = no auth)",
+    )
+    run.add_argument(
+        "--allow-remote-control",
+        action="store_true",
+        help="without an API key, let callers on other machines use /sleep and /wake_up too "
+        "(by default only local callers may)",
     )
     run.add_argument(
         "--engine-num-cpus", type=float, default=1.0, help="CPUs reserved per engine actor"
@@ -215,6 +227,7 @@ def _resolve_run(
             api_key=ns.api_key or os.environ.get("GENRM_API_KEY") or None,
             engine_num_cpus=ns.engine_num_cpus,
             ingress_replicas=ns.ingress_replicas,
+            allow_remote_control=ns.allow_remote_control,
         )
     except GenRMConfigError as err:
         parser.error(str(err))
@@ -226,6 +239,27 @@ def _resolve_run(
         print(f"genrm-serve run: error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     return instances, args
+
+
+def exposure_warning(args: ServeArgs) -> str | None:
+    """What a service listening beyond this machine without an API key exposes, or None.
+
+    A warning, not a refusal: a judge on a private cluster network, reached by the trainer on
+    another node, is a normal setup. What an unauthenticated caller could do beyond asking for
+    judgements (put the judges to sleep or wake them) stays refused to remote callers unless
+    ``--allow-remote-control``."""
+    if args.api_key or is_loopback(args.host):
+        return None
+    control = (
+        "any caller can also put the judges to sleep or wake them (--allow-remote-control)"
+        if args.allow_remote_control
+        else "/sleep and /wake_up stay refused to callers on other machines"
+    )
+    return (
+        f"listening on {args.host}:{args.port} without an API key: anyone who can reach that "
+        f"port can use the judges and their GPUs ({control}). Set GENRM_API_KEY (or --api-key) "
+        "to require 'Authorization: Bearer <key>', or listen on 127.0.0.1"
+    )
 
 
 def _init_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False) -> bool:
@@ -369,6 +403,9 @@ def _teardown(args: ServeArgs, started_ray: bool) -> None:
 
 def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     instances, args = _resolve_run(parser, ns)
+    warning = exposure_warning(args)
+    if warning:
+        print(f"genrm-serve run: warning: {warning}", file=sys.stderr, flush=True)
     # From here on SIGINT and SIGTERM end the command at any moment (Ray start-up, the wait
     # for health, serving) and the finally below tears down what was started.
     signal.signal(signal.SIGTERM, _raise_stop)
