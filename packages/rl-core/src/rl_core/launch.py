@@ -38,6 +38,7 @@ from rl_core.rewards import reward_setup
 from rl_core.services import start_ray, start_services, start_weight_sync
 from rl_core.specs import resolve_rollout_engine, rollout_seeded
 from rl_core.stopping import StopRequest
+from rl_core.terminal import make_console
 from rl_core.trainer import GRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ async def run_training(
     saved; the status is then ``stop.exit_code`` and ``stop_report`` says what was saved.
     """
     apply_ray_env_defaults(disable_auth=True)
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     clock = PhaseClock(console)
     startup: PhaseTimes = {}
     run_dir = await asyncio.to_thread(_prepare_run_dir, cfg)
@@ -169,11 +170,11 @@ async def run_training(
         startup=startup,
         total_s=clock.elapsed(),
         precision=learner.precision,
-        console=Console(),
+        console=make_console(),
         notes=run_notes(cfg),
         evals=evaluation.history,
     )
-    Console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
+    make_console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
     return 0
 
 

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rl_core.limits import ENGINE_PROBE_TIMEOUT_S
+from rl_core.terminal import make_console
 
 if TYPE_CHECKING:
     from genrm_serve import RemoteEngine
@@ -142,7 +143,7 @@ class PhaseClock:
     """
 
     def __init__(self, console: Console | None = None, *, show: bool = True) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.show = show
         self.times: PhaseTimes = {}
         self._started = time.perf_counter()

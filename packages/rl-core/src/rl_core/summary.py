@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rl_core.terminal import make_console
 from rl_core.trainer import StepRecord
 
 PHASES = ("rollout", "reward", "reward_wait", "train", "wake", "weight_sync", "eval", "save")
@@ -184,7 +185,7 @@ def render_summary(
     how the run was set up, e.g. that KL is not computed). ``evals``: every evaluation of the
     run (the evaluation's ``history``, one before training included); else those in
     ``history``."""
-    console = console or Console()
+    console = console or make_console()
     if precision:
         console.print(f"[bold]training precision[/]: {precision}")
     for note in notes:
