@@ -355,3 +355,24 @@ def test_listening_beyond_loopback_without_a_key_warns(
     else:
         assert warning is not None and expected in warning
         assert "without an API key" in warning and "GENRM_API_KEY" in warning
+
+
+def test_shutdown_with_no_ray_to_join_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What ``ray.init(address="auto")`` raises where no cluster runs (not started here: this
+    machine's other Ray jobs would be found by "auto")."""
+
+    def no_cluster(*args: object, **kwargs: object) -> None:
+        raise ConnectionError(
+            "Could not find any running Ray instance. Please specify the one to connect to by "
+            "setting `--address` flag or `RAY_ADDRESS` environment variable."
+        )
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(["shutdown"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("genrm-serve shutdown: no Ray cluster to join at auto (Could not find")
+    assert "nothing was shut down" in err and "--address" in err

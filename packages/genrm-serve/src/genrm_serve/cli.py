@@ -486,7 +486,17 @@ def _cmd_status(ns: argparse.Namespace) -> int:
 
 
 def _cmd_shutdown(ns: argparse.Namespace) -> int:
-    _init_ray(ns.address or os.environ.get("RAY_ADDRESS") or "auto")
+    address = ns.address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        _init_ray(address)
+    except ConnectionError as err:  # no cluster there: a user's mistake, not a traceback
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(
+            f"genrm-serve shutdown: no Ray cluster to join at {address} ({reason}); nothing "
+            "was shut down (give the cluster of the `genrm-serve run` with --address)",
+            file=sys.stderr,
+        )
+        return 1
     from ray import serve
 
     apps = serve.status().applications
