@@ -376,3 +376,29 @@ def test_shutdown_with_no_ray_to_join_is_one_line_not_a_traceback(
     assert err.count("\n") == 1
     assert err.startswith("genrm-serve shutdown: no Ray cluster to join at auto (Could not find")
     assert "nothing was shut down" in err and "--address" in err
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [(None, "set GENRM_API_KEY or pass --api-key"), ("wrong", "this key was refused")],
+    ids=["no-key", "wrong-key"],
+)
+def test_status_says_why_the_engine_table_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], key: str | None, says: str
+) -> None:
+    """A service with GENRM_API_KEY answers 401 without the key: status says so, instead of
+    printing the health body alone as if there were no engines."""
+    refused = {"error": {"type": "unauthorized", "message": "missing or wrong API key"}}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json=refused)
+
+    real = httpx.Client
+    monkeypatch.setattr(
+        httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(handler), **kw)
+    )
+    monkeypatch.delenv("GENRM_API_KEY", raising=False)
+    assert main(["status", *(["--api-key", key] if key else [])]) == 1
+    out = capsys.readouterr().out
+    assert "HTTP 401" in out and "engines: not shown: the service wants its API key" in out
+    assert says in out

@@ -473,7 +473,10 @@ def _cmd_status(ns: argparse.Namespace) -> int:
         print(f"GenRM service at {args.url}: unreachable ({err})")
         return 3
     print(f"GenRM service at {args.url}: HTTP {health.status_code}")
-    print(json.dumps(health.json(), indent=2))
+    try:
+        print(json.dumps(health.json(), indent=2))
+    except ValueError:  # not the service's JSON (another server on that port, a proxy page)
+        print(health.text[:500])
     if engines.status_code == 200:
         for key_, slots in engines.json()["instances"].items():
             for s in slots:
@@ -482,6 +485,11 @@ def _cmd_status(ns: argparse.Namespace) -> int:
                     f"  {key_:<16} {s['engine_id']:<24} {s['state']:<10} "
                     f"in_flight={s['in_flight']} restarts={s['restarts']}{extra}"
                 )
+    elif engines.status_code == 401:  # never silently without the table
+        how = "this key was refused" if key else "set GENRM_API_KEY or pass --api-key"
+        print(f"engines: not shown: the service wants its API key (HTTP 401; {how})")
+    else:
+        print(f"engines: not shown: GET {args.url}/engines answered HTTP {engines.status_code}")
     return 0 if health.status_code == 200 else 1
 
 
