@@ -196,3 +196,17 @@ def test_console_block_output_is_the_codes(block: Block) -> None:
 )
 def test_the_output_matcher(expected: list[str], got: list[str], fits: bool) -> None:
     assert _matches(expected, got) is fits
+
+
+def test_a_marker_counts_only_right_above_its_block(tmp_path: Path) -> None:
+    page = tmp_path / "README.md"
+    page.write_text(
+        "<!-- gpu-only -->\n```bash\nnvidia-smi\n```\n\ntext\n\n```python\nprint(1)\n```\n"
+        "\n<!-- covered-by: a.py::test_b -->\n\n```sh\nls\n```\n\n```text\nnot checked\n```\n"
+    )
+    found = [(b.line, b.lang, b.marker) for b in blocks(page)]
+    assert found == [
+        (2, "bash", "gpu-only"),
+        (8, "python", None),  # fails test_every_block_runs_here_or_is_marked
+        (14, "sh", "covered-by: a.py::test_b"),
+    ]
