@@ -34,7 +34,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = sorted(
-    {ROOT / "README.md", *ROOT.glob("packages/*/README.md"), *ROOT.glob("examples/**/README.md")}
+    {
+        ROOT / "README.md",
+        ROOT / "RELEASING.md",
+        *ROOT.glob("packages/*/README.md"),
+        *ROOT.glob("examples/**/README.md"),
+    }
 )
 CHECKED = {"bash", "sh", "shell", "console", "python"}
 MARKER = re.compile(r"^<!--\s*(covered-by:|by-hand:|gpu-only|illustrative)\s*(.*?)\s*-->$")
