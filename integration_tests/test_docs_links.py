@@ -22,6 +22,7 @@ REPORT = ROOT / "benchmarks" / "REPORT.md"
 PAGES = sorted(
     {
         ROOT / "README.md",
+        ROOT / "RELEASING.md",
         *ROOT.glob("packages/*/README.md"),
         *ROOT.glob("examples/**/README.md"),
         REPORT,

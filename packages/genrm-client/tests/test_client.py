@@ -73,12 +73,72 @@ async def test_unknown_route_key_raises_at_once_naming_it(server: StandIn) -> No
     assert "route_key=sefaty" in str(err) and "safety" in str(err)
 
 
-async def test_any_404_from_generate_is_an_unknown_route_key(server: StandIn) -> None:
-    server.queue("/generate", 404, "Not Found")
+async def test_a_bare_404_is_no_service_at_that_path_never_an_unknown_route_key(
+    server: StandIn,
+) -> None:
+    server.queue("/generate", 404, "Not Found")  # not GenRM's error body: another path's 404
     async with AsyncGenRMClient(server.url) as client:
-        with pytest.raises(UnknownRouteKeyError, match="route_key=__default__"):
+        with pytest.raises(GenRMHTTPError, match="no GenRM service at that path") as info:
             await client.generate(MSG)
+    assert not isinstance(info.value, UnknownRouteKeyError) and info.value.status == 404
+    assert "route_key" not in str(info.value) and "GENRM_URL" in str(info.value)
     assert server.hits["/generate"] == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [
+        (
+            "http://127.0.0.1:8000/generate",
+            "set GENRM_URL (or base_url) to http://127.0.0.1:8000/genrm",
+        ),
+        ("http://judge:9000/api/generate", "it is the service's address with its route prefix"),
+    ],
+    ids=["no-prefix", "another-prefix"],
+)
+def test_the_404_hint_names_the_route_prefix(url: str, hint: str) -> None:
+    from genrm_client._client import _route_prefix_hint
+
+    assert hint in _route_prefix_hint(url)
+
+
+#: what Ray Serve's HTTP proxy answers for a path no application serves
+RAY_SERVE_404 = "Path '/generate' not found. Ping http://127.0.0.1:8000/-/routes for routes."
+
+
+@pytest.mark.parametrize(
+    ("answer", "path"),
+    [
+        (httpx.Response(404, text=RAY_SERVE_404), "/generate"),
+        (
+            httpx.Response(404, json={"error": {"type": "not_found", "message": "Not Found"}}),
+            "/v1/generate",
+        ),
+    ],
+    ids=["ray-serve-proxy", "genrm-ingress-wrong-path"],
+)
+async def test_a_base_url_without_the_route_prefix_is_named_as_such(
+    answer: httpx.Response, path: str
+) -> None:
+    """GENRM_URL=http://host:8000 (no /genrm) was reported as "No GenRM instance registered for
+    route_key=__default__", sending the user to the judge's configuration."""
+    from genrm_client import GenRMHTTPError, UnknownRouteKeyError
+
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return answer
+
+    base = "http://127.0.0.1:8000" + path.removesuffix("/generate")
+    client = AsyncGenRMClient(base, max_retries=0, transport=httpx.MockTransport(handler))
+    async with client:
+        with pytest.raises(GenRMHTTPError) as info:
+            await client.generate(MSG)
+    assert seen == [path]
+    assert not isinstance(info.value, UnknownRouteKeyError)
+    assert "No GenRM instance registered" not in str(info.value)
+    assert "route prefix" in str(info.value) and "/genrm" in str(info.value)
 
 
 async def test_503_twice_then_success(server: StandIn, fast_backoff: list[int]) -> None:

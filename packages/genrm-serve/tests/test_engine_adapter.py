@@ -203,3 +203,26 @@ def test_the_shipped_adapter_is_small_and_fits_the_embedded_model() -> None:
             assert shape == want, (name, shape, want)
             layer = int(name.split(".layers.")[1].split(".")[0])
             assert 0 <= layer < 18
+
+
+def test_an_adapter_of_a_base_that_is_no_folder_loads_without_a_hub_lookup_or_warning(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped adapter names its base "embedded" (no folder, no Hub repo): peft's check of
+    the base's config.json looked it up on the Hub and warned on every start."""
+    import json
+    import warnings
+
+    adapter = _random_adapter(tiny_dir, tmp_path / "adapter")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "embedded"
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+
+    def no_hub(*args: object, **kwargs: object) -> None:
+        raise AssertionError("peft looked the adapter's base up on the Hub")
+
+    monkeypatch.setattr("peft.utils.save_and_load.check_file_exists_on_hf_hub", no_hub)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _engine(tiny_dir, adapter_path=str(adapter))
+    assert not [w for w in caught if "config file" in str(w.message)], caught

@@ -128,6 +128,64 @@ def test_config_file_and_flags_together_are_refused(
     assert _exit_2(capsys, "run", "--config", str(tmp_path / "missing.yaml")).count("cannot read")
 
 
+def _adapterless(tmp_path: Path) -> str:
+    (tmp_path / "not-an-adapter").mkdir()
+    return json.dumps({"adapter_path": str(tmp_path / "not-an-adapter")})
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ("--genrm-model-path", "/no/such/model"),
+            "instance '__default__': model_path='/no/such/model': no such folder",
+        ),
+        (
+            ("--genrm-instances", '{"q": {"model_path": "embedded:nope", "num_gpus": 1}}'),
+            "instance 'q': model_path='embedded:nope': embedded model 'nope' is unknown",
+        ),
+        (
+            ("--genrm-model-path", "embedded", "--genrm-engine-config", "ADAPTER"),
+            "engine_config.adapter_path='TMP/not-an-adapter': is not a LoRA adapter folder",
+        ),
+        (
+            (
+                "--genrm-model-path",
+                "embedded",
+                "--genrm-engine-config",
+                '{"python_executable": "/no/python"}',
+            ),
+            "engine_config.python_executable='/no/python': not an executable file",
+        ),
+    ],
+    ids=["missing-model", "unknown-embedded", "not-an-adapter", "no-python"],
+)
+def test_what_the_instances_point_to_is_refused_before_ray_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: tuple[str, ...], message: str
+) -> None:
+    """A wrong model_path or adapter_path failed inside the engine actors, after Ray and Serve
+    had started: 21-32 s, exit 1, four tracebacks. Now one line, exit 2, Ray never started."""
+    argv = tuple(_adapterless(tmp_path) if a == "ADAPTER" else a for a in argv)
+    err = _exit_2(capsys, "run", *argv).strip()
+    assert err == f"genrm-serve run: error: {message.replace('TMP', str(tmp_path))}" or (
+        message.replace("TMP", str(tmp_path)) in err and len(err.splitlines()) == 1
+    ), err
+
+
+def test_a_missing_model_is_refused_in_seconds_by_the_installed_command() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "genrm_serve.cli", "run", "--genrm-model-path", "/no/such/model"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "genrm-serve run: error: instance '__default__': model_path='/no/such/model': no such "
+        "folder (a transformers model folder)"
+    ]
+
+
 def test_the_installed_command_exits_2_and_has_help() -> None:
     cmd = [sys.executable, "-m", "genrm_serve.cli"]
     bad = subprocess.run(
@@ -271,3 +329,76 @@ def test_run_serves_in_ray_serves_high_throughput_mode(unused_port: int) -> None
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.parametrize(
+    ("host", "key", "allow", "expected"),
+    [
+        ("127.0.0.1", None, False, None),
+        ("localhost", None, False, None),
+        ("0.0.0.0", "k", False, None),
+        ("0.0.0.0", None, False, "/sleep and /wake_up stay refused to callers on other machines"),
+        ("10.1.2.3", None, True, "any caller can also put the judges to sleep or wake them"),
+    ],
+    ids=["loopback", "localhost", "with-key", "open", "open-with-remote-control"],
+)
+def test_listening_beyond_loopback_without_a_key_warns(
+    host: str, key: str | None, allow: bool, expected: str | None
+) -> None:
+    """``--host 0.0.0.0`` without GENRM_API_KEY started without a word."""
+    from genrm_serve.cli import exposure_warning
+    from genrm_serve.serve_args import ServeArgs
+
+    warning = exposure_warning(ServeArgs(host=host, api_key=key, allow_remote_control=allow))
+    if expected is None:
+        assert warning is None
+    else:
+        assert warning is not None and expected in warning
+        assert "without an API key" in warning and "GENRM_API_KEY" in warning
+
+
+def test_shutdown_with_no_ray_to_join_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What ``ray.init(address="auto")`` raises where no cluster runs (not started here: this
+    machine's other Ray jobs would be found by "auto")."""
+
+    def no_cluster(*args: object, **kwargs: object) -> None:
+        raise ConnectionError(
+            "Could not find any running Ray instance. Please specify the one to connect to by "
+            "setting `--address` flag or `RAY_ADDRESS` environment variable."
+        )
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(["shutdown"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("genrm-serve shutdown: no Ray cluster to join at auto (Could not find")
+    assert "nothing was shut down" in err and "--address" in err
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [(None, "set GENRM_API_KEY or pass --api-key"), ("wrong", "this key was refused")],
+    ids=["no-key", "wrong-key"],
+)
+def test_status_says_why_the_engine_table_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], key: str | None, says: str
+) -> None:
+    """A service with GENRM_API_KEY answers 401 without the key: status says so, instead of
+    printing the health body alone as if there were no engines."""
+    refused = {"error": {"type": "unauthorized", "message": "missing or wrong API key"}}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json=refused)
+
+    real = httpx.Client
+    monkeypatch.setattr(
+        httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(handler), **kw)
+    )
+    monkeypatch.delenv("GENRM_API_KEY", raising=False)
+    assert main(["status", *(["--api-key", key] if key else [])]) == 1
+    out = capsys.readouterr().out
+    assert "HTTP 401" in out and "engines: not shown: the service wants its API key" in out
+    assert says in out

@@ -38,3 +38,33 @@ def test_phase_clock_records_times():
     times = clock.reset()
     assert set(times) == {"rollout"} and times["rollout"] >= 0
     assert clock.times == {}
+
+
+def test_plot_of_a_folder_that_is_no_run_is_one_line_and_exit_2(tmp_path, capsys):
+    from rl_core.cli import main
+
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing/metrics.jsonl: no metrics" in err
+    (tmp_path / "metrics.jsonl").write_text("not json\n")
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "metrics.jsonl: not a metrics file" in capsys.readouterr().err
+
+
+def test_tables_in_a_log_file_are_not_cut_at_80_columns(monkeypatch):
+    import io
+
+    from rich.table import Table
+
+    from rl_core.terminal import LOG_WIDTH, make_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = make_console()  # pytest's stdout is not a terminal, as a log file is not
+    assert console.width == LOG_WIDTH
+    console.file = io.StringIO()
+    table = Table("phase", "who", "note")
+    table.add_row("inference", "genrm:__default__", "offloaded: bundles 0..7 " * 5)
+    console.print(table)
+    assert "offloaded: bundles 0..7 " * 5 in console.file.getvalue()
+    monkeypatch.setenv("COLUMNS", "100")
+    assert make_console().width == 100  # the user's choice wins

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -591,3 +592,50 @@ def test_cli_plan_without_resource_is_trains_default_layout(
     shown = PlacementPlan.model_validate(json.loads(capsys.readouterr().out))
     train = parse_train_args(["--hf-checkpoint", "/m/policy", "--prompt-data", "/d.jsonl", *argv])
     assert shown == train.plan
+
+
+def test_cli_plan_preset_is_the_plan_train_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``rl-core plan --preset cpu-demo`` ignored the preset and printed "colocate, no judge,
+    1 GPU"; train ran the preset's colocate-split layout."""
+    from rl_core.config import parse_train_args
+
+    assert main(["plan", "--preset", "cpu-demo", "--json"]) == 0
+    printed = PlacementPlan.model_validate(json.loads(capsys.readouterr().out))
+    assert printed.mode == "colocate-split"
+    assert printed == parse_train_args(["--preset", "cpu-demo"]).plan
+    # the command line still wins over the preset, as in train
+    one_judge_gpu = ["--resource", '{"actor": [1, 3], "rollout": [1, 1], "genrm": [1, 2]}']
+    assert main(["plan", "--preset=cpu-demo", *one_judge_gpu]) == 0
+    assert "GPUs: 3" in capsys.readouterr().out
+
+
+def test_cli_plan_config_file_is_the_plan_train_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rl_core.config import parse_train_args
+
+    config = tmp_path / "job.yaml"
+    config.write_text("\n".join(["hf-checkpoint: m", "prompt_data: d.jsonl", *_yaml(SPLIT_8)]))
+    assert main(["plan", "--config", str(config), "--json"]) == 0
+    printed = PlacementPlan.model_validate(json.loads(capsys.readouterr().out))
+    assert printed == parse_train_args(["--config", str(config)]).plan == plan(SPLIT_8)
+    # refused as train refuses: a missing file, a key that is not a train flag
+    assert main(["plan", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "--config " in capsys.readouterr().err
+    config.write_text("resourse: {}\n")
+    assert main(["plan", "--config", str(config)]) == 2
+    assert "unknown key 'resourse' (not a train flag)" in capsys.readouterr().err
+
+
+def _yaml(argv: list[str]) -> list[str]:
+    """``--flag value`` / ``--switch`` pairs as YAML lines (values quoted as JSON strings)."""
+    lines, i = [], 0
+    while i < len(argv):
+        key = argv[i].removeprefix("--")
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            lines.append(f"{key}: {json.dumps(argv[i + 1])}")
+            i += 2
+        else:
+            lines.append(f"{key}: true")
+            i += 1
+    return lines

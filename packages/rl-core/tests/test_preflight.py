@@ -84,6 +84,8 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     _write(tmp / "one_bad.jsonl", [{"prompt": "1 + 1 =", "label": "2"}, "{not json"])
     (tmp / "folder").mkdir()
     (tmp / "empty-model").mkdir()
+    (tmp / "used-run").mkdir()
+    _write(tmp / "used-run" / "metrics.jsonl", [{"step": 1}, {"step": 2}])
     return {
         "missing prompt data": (
             ["--prompt-data", str(tmp / "nope.jsonl")],
@@ -164,6 +166,23 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "a missing judge model": (
             ["--genrm-instances", DROP, "--genrm-model-path", "/no/such/model"],
             r"--genrm-model-path /no/such/model: no such folder",
+        ),
+        "a run dir holding another run's metrics": (
+            ["--run-dir", str(tmp / "used-run")],
+            r"--run-dir .*used-run: holds another run's metrics \(2 record\(s\), steps 1-2 in "
+            r"metrics.jsonl\).*Pass --overwrite-run-dir to replace them, choose a new --run-dir, "
+            r"or --load",
+        ),
+        "a judge adapter that is no adapter": (
+            [
+                "--genrm-instances",
+                DROP,
+                "--genrm-model-path",
+                "embedded",
+                "--genrm-engine-config",
+                json.dumps({"adapter_path": str(tmp / "folder")}),
+            ],
+            r"--genrm-engine-config adapter_path .*folder: is not a LoRA adapter folder",
         ),
         "save where nothing can be written": (
             ["--save", "/dev/null/ckpt"],
@@ -254,3 +273,24 @@ def test_the_command_refuses_in_seconds_with_exit_2(setup):
     assert proc.stderr.strip().startswith("rl-core train: --rm-type nope"), proc.stderr
     assert "Traceback" not in proc.stderr
     assert took < 30, took
+
+
+def test_a_used_run_dir_is_accepted_with_overwrite_or_load(setup):
+    """The refusal's remedies pass preflight: ``--overwrite-run-dir`` (launch then clears the
+    old records), and a resume (which cuts the records beyond its checkpoint)."""
+    from rl_core.config import parse_train_args
+    from rl_core.metrics import clear_run_records, logged_steps
+    from rl_core.preflight import check_run_dir
+
+    tmp, base = setup
+    run = tmp / "run"
+    run.mkdir()
+    _write(run / "metrics.jsonl", [{"step": 1}])
+    (run / "samples").mkdir()
+    (run / "samples" / "step_000001.jsonl").write_text("{}\n")
+    (run / "config.json").write_text("{}")
+    check_run_dir(parse_train_args([*base, "--overwrite-run-dir"]))
+    check_run_dir(parse_train_args([*base, "--load", str(_checkpoint(tmp / "ckpt", seed=1))]))
+    assert clear_run_records(run) == [run / "metrics.jsonl", run / "samples"]
+    assert logged_steps(run) == [] and (run / "config.json").is_file()
+    check_run_dir(parse_train_args(base))  # the folder is free again

@@ -92,6 +92,36 @@ async def test_a_resume_cuts_what_was_logged_beyond_its_checkpoint(
     assert samples == [f"step_00000{i}.jsonl" for i in (1, 2, 3, 4)]
 
 
+async def test_a_resume_does_not_evaluate_its_checkpoint_step_again(
+    tmp_path, grpo_config, grpo_trainer
+):
+    """--eval-before-and-after, then a resume from step 2: the resumed run's first evaluation
+    used to log a second step-2 record, summarised as "eval before training"."""
+    from rich.console import Console
+
+    from rl_core.data import load_prompt_data
+    from rl_core.summary import render_summary
+
+    ckpt = tmp_path / "ckpt"
+    flags = dict(save=str(ckpt), eval_before_and_after=True, eval_limit=2, eval_interval=2)
+    cfg = grpo_config(tmp_path, num_rollout=2, **flags)
+    eval_data = load_prompt_data(cfg.prompt_data)
+    first, _, _ = await grpo_trainer(cfg, eval_data=eval_data)
+    await first.run()
+    assert [r["step"] for r in read_metrics(cfg.run_dir)] == [0, 1, 2]
+
+    cfg = grpo_config(tmp_path, num_rollout=4, load=str(ckpt), **flags)
+    resumed, _, _ = await grpo_trainer(cfg, eval_data=eval_data)
+    history = await resumed.run()
+    records = read_metrics(cfg.run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]  # step 2 once
+    assert [e["step"] for e in resumed.evaluation.history] == [4]
+    console = Console(record=True, width=200)
+    render_summary(history, mode="colocate", console=console, evals=resumed.evaluation.history)
+    text = console.export_text()
+    assert "eval before training" not in text and "eval after step 4" in text
+
+
 async def test_a_failed_save_keeps_the_steps_metrics_and_samples(
     tmp_path, grpo_config, grpo_trainer
 ):

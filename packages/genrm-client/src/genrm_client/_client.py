@@ -194,6 +194,23 @@ def _body_of(response: httpx.Response) -> Any:
         return response.text
 
 
+def _route_prefix_hint(url: str) -> str:
+    """What to set when a request found no GenRM service: the base URL must end in the route
+    prefix, ``/genrm`` by default (``GENRM_URL=http://127.0.0.1:8000/genrm``)."""
+    parts = httpx.URL(url)
+    base = parts.path.rsplit("/", 1)[0] if "/" in parts.path else ""
+    if base.rstrip("/") == "":
+        root = str(parts.copy_with(path="/genrm", query=None, fragment=None))
+        return (
+            f"The base URL has no route prefix: set GENRM_URL (or base_url) to {root}, "
+            "the service's address with its route prefix (/genrm by default)."
+        )
+    return (
+        "Check GENRM_URL (or base_url): it is the service's address with its route prefix, "
+        "e.g. http://127.0.0.1:8000/genrm."
+    )
+
+
 def _error_detail(body: Any) -> ErrorBody | None:
     try:
         return ErrorBody.model_validate(body)
@@ -367,15 +384,22 @@ class _Attempts:
         status = response.status_code
         body = _body_of(response)
         detail = _error_detail(body)
-        path = response.request.url.path
-        if status == 404 and (
-            (detail is not None and detail.error.type == "unknown_route_key")
-            or path.endswith("/generate")
-        ):
-            route_key = (detail.error.route_key if detail else None) or self.route_key
+        if status == 404 and detail is None:
+            # GenRM's own 404s (an unknown route_key) carry its error body: a bare 404 is
+            # another server, or the service without its route prefix (GENRM_URL ending in
+            # the port instead of /genrm), never a route_key GenRM refused.
+            return GenRMHTTPError(
+                f"{self._where()} answered HTTP 404 without GenRM's error body "
+                f"(request_id={self.request_id}): no GenRM service at that path. "
+                + _route_prefix_hint(str(response.request.url)),
+                status=status,
+                body=body,
+                request_id=self.request_id,
+            )
+        if status == 404 and detail is not None and detail.error.type == "unknown_route_key":
             return UnknownRouteKeyError(
-                route_key or DEFAULT_ROUTE_KEY,
-                detail.error.registered_route_keys if detail else None,
+                detail.error.route_key or self.route_key or DEFAULT_ROUTE_KEY,
+                detail.error.registered_route_keys,
                 body=body,
                 request_id=self.request_id,
             )
@@ -388,6 +412,9 @@ class _Attempts:
             f"{self._where()} answered HTTP {status} after {self.attempt + 1} attempt(s) "
             f"(request_id={self.request_id}): {reason}"
         )
+        if status == 404 and detail is not None and detail.error.type == "not_found":
+            # GenRM's ingress, at a path it does not serve: the base URL has a wrong prefix
+            message += ". " + _route_prefix_hint(str(response.request.url))
         cls = GenRMOverloadedError if status in OVERLOAD_STATUSES else GenRMHTTPError
         return cls(message, status=status, body=body, request_id=self.request_id)
 

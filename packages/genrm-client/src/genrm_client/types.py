@@ -39,6 +39,7 @@ DEFAULT_ROUTE_KEY = "__default__"
 ERROR_TYPE_STATUS: dict[str, int] = {
     "invalid_request": 422,
     "unauthorized": 401,
+    "forbidden": 403,
     "unknown_route_key": 404,
     "not_found": 404,
     "method_not_allowed": 405,

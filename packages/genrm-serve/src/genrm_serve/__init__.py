@@ -66,6 +66,8 @@ _EXPORTS: dict[str, str] = {
     "LOCAL_RAY_ENV": "genrm_serve.ray_env",
     "apply_ray_env_defaults": "genrm_serve.ray_env",
     "check_model_path": "genrm_serve.models",
+    "check_instance_files": "genrm_serve.preflight",
+    "InstanceFileError": "genrm_serve.preflight",
     "default_cache_dir": "genrm_serve.models",
     "is_embedded": "genrm_serve.models",
     "resolve_model_path": "genrm_serve.models",
@@ -102,6 +104,7 @@ __all__ = [
     "EngineWorker",
     "GenRMConfigError",
     "HostOffloader",
+    "InstanceFileError",
     "InstanceSpec",
     "RemoteEngine",
     "ServeArgs",
@@ -111,6 +114,7 @@ __all__ = [
     "apply_ray_env_defaults",
     "build_app",
     "check_fits",
+    "check_instance_files",
     "check_model_path",
     "check_owned_server_args",
     "check_service_fits",
@@ -206,6 +210,7 @@ if TYPE_CHECKING:  # the names as type checkers see them
         resolve_model_path,
     )
     from genrm_serve.precision import CpuBf16Probe, probe_cpu_bf16, resolve_bf16
+    from genrm_serve.preflight import InstanceFileError, check_instance_files
     from genrm_serve.ray_env import LOCAL_RAY_ENV, apply_ray_env_defaults
     from genrm_serve.serve_args import ServeArgs
 

@@ -39,8 +39,15 @@ from genrm_serve.limits import (
     STATUS_TIMEOUT_S,
     TEARDOWN_TIMEOUT_S,
 )
+from genrm_serve.preflight import InstanceFileError, check_instance_files
 from genrm_serve.ray_env import apply_ray_env_defaults
-from genrm_serve.serve_args import DEFAULT_APP_NAME, DEFAULT_PORT, DEFAULT_ROUTE_PREFIX, ServeArgs
+from genrm_serve.serve_args import (
+    DEFAULT_APP_NAME,
+    DEFAULT_PORT,
+    DEFAULT_ROUTE_PREFIX,
+    ServeArgs,
+    is_loopback,
+)
 
 __all__ = ["build_parser", "load_config_file", "main"]
 
@@ -104,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         default=None,
         help="bearer token clients must send (default: $GENRM_API_KEY; unset = no auth)",
+    )
+    run.add_argument(
+        "--allow-remote-control",
+        action="store_true",
+        help="without an API key, let callers on other machines use /sleep and /wake_up too "
+        "(by default only local callers may)",
     )
     run.add_argument(
         "--engine-num-cpus", type=float, default=1.0, help="CPUs reserved per engine actor"
@@ -218,12 +231,39 @@ def _resolve_run(
             api_key=ns.api_key or os.environ.get("GENRM_API_KEY") or None,
             engine_num_cpus=ns.engine_num_cpus,
             ingress_replicas=ns.ingress_replicas,
+            allow_remote_control=ns.allow_remote_control,
         )
     except GenRMConfigError as err:
         parser.error(str(err))
     except ValueError as err:  # pydantic's ValidationError of ServeArgs
         parser.error(str(err))
+    try:  # what the instances point to, on disk: refused before Ray starts
+        check_instance_files(instances)
+    except InstanceFileError as err:
+        print(f"genrm-serve run: error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     return instances, args
+
+
+def exposure_warning(args: ServeArgs) -> str | None:
+    """What a service listening beyond this machine without an API key exposes, or None.
+
+    A warning, not a refusal: a judge on a private cluster network, reached by the trainer on
+    another node, is a normal setup. What an unauthenticated caller could do beyond asking for
+    judgements (put the judges to sleep or wake them) stays refused to remote callers unless
+    ``--allow-remote-control``."""
+    if args.api_key or is_loopback(args.host):
+        return None
+    control = (
+        "any caller can also put the judges to sleep or wake them (--allow-remote-control)"
+        if args.allow_remote_control
+        else "/sleep and /wake_up stay refused to callers on other machines"
+    )
+    return (
+        f"listening on {args.host}:{args.port} without an API key: anyone who can reach that "
+        f"port can use the judges and their GPUs ({control}). Set GENRM_API_KEY (or --api-key) "
+        "to require 'Authorization: Bearer <key>', or listen on 127.0.0.1"
+    )
 
 
 def _init_ray(address: str | None, num_cpus: int | None = None, dashboard: bool = False) -> bool:
@@ -332,6 +372,9 @@ def _teardown(args: ServeArgs, started_ray: bool) -> None:
 
 def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     instances, args = _resolve_run(parser, ns)
+    warning = exposure_warning(args)
+    if warning:
+        print(f"genrm-serve run: warning: {warning}", file=sys.stderr, flush=True)
     # From here on SIGINT and SIGTERM end the command at any moment (Ray start-up, the wait
     # for health, serving) and the finally below tears down what was started.
     signal.signal(signal.SIGTERM, _raise_stop)
@@ -375,7 +418,9 @@ def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
                 print("the service was shut down from elsewhere; exiting")
                 return 0
     except (KeyboardInterrupt, _Stop) as stop:
-        print(f"\nstopping ({stop or 'SIGINT'}) ...", file=sys.stderr, flush=True)
+        # a KeyboardInterrupt's text is empty (or Ray's "()"): name the signal itself
+        name = str(stop) if isinstance(stop, _Stop) else "SIGINT"
+        print(f"\nstopping ({name}) ...", file=sys.stderr, flush=True)
     finally:
         signal.signal(signal.SIGTERM, _ignore_signal)
         signal.signal(signal.SIGINT, _ignore_signal)
@@ -397,7 +442,10 @@ def _cmd_status(ns: argparse.Namespace) -> int:
         print(f"GenRM service at {args.url}: unreachable ({err})")
         return 3
     print(f"GenRM service at {args.url}: HTTP {health.status_code}")
-    print(json.dumps(health.json(), indent=2))
+    try:
+        print(json.dumps(health.json(), indent=2))
+    except ValueError:  # not the service's JSON (another server on that port, a proxy page)
+        print(health.text[:500])
     if engines.status_code == 200:
         for key_, slots in engines.json()["instances"].items():
             for s in slots:
@@ -406,11 +454,26 @@ def _cmd_status(ns: argparse.Namespace) -> int:
                     f"  {key_:<16} {s['engine_id']:<24} {s['state']:<10} "
                     f"in_flight={s['in_flight']} restarts={s['restarts']}{extra}"
                 )
+    elif engines.status_code == 401:  # never silently without the table
+        how = "this key was refused" if key else "set GENRM_API_KEY or pass --api-key"
+        print(f"engines: not shown: the service wants its API key (HTTP 401; {how})")
+    else:
+        print(f"engines: not shown: GET {args.url}/engines answered HTTP {engines.status_code}")
     return 0 if health.status_code == 200 else 1
 
 
 def _cmd_shutdown(ns: argparse.Namespace) -> int:
-    _init_ray(ns.address or os.environ.get("RAY_ADDRESS") or "auto")
+    address = ns.address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        _init_ray(address)
+    except ConnectionError as err:  # no cluster there: a user's mistake, not a traceback
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(
+            f"genrm-serve shutdown: no Ray cluster to join at {address} ({reason}); nothing "
+            "was shut down (give the cluster of the `genrm-serve run` with --address)",
+            file=sys.stderr,
+        )
+        return 1
     from ray import serve
 
     apps = serve.status().applications

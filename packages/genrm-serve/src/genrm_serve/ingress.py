@@ -65,7 +65,7 @@ from genrm_serve.openai_compat import (
     models_response,
 )
 from genrm_serve.router import EngineSlot, InstanceRouter
-from genrm_serve.serve_args import ServeArgs
+from genrm_serve.serve_args import CONTROL_PATHS, ServeArgs, is_loopback
 from genrm_serve.supervisor import EngineSupervisor
 
 __all__ = ["GenRMIngress", "fastapi_app"]
@@ -86,6 +86,17 @@ class _BearerAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             key: str | None = getattr(scope["app"].state, "api_key", None)
+            if not key and _remote_control_refused(scope):
+                path = scope["path"].rstrip("/")
+                response = error_response(
+                    "forbidden",
+                    f"{path} changes the service's state and the service has no API key: only "
+                    "a caller on its own machine may call it. Start it with GENRM_API_KEY set "
+                    "(callers send 'Authorization: Bearer <key>'), or with "
+                    "--allow-remote-control",
+                )
+                await response(scope, receive, send)
+                return
             if key and not scope["path"].rstrip("/").endswith("/health"):
                 given = b""
                 for name, value in scope["headers"]:
@@ -101,6 +112,17 @@ class _BearerAuth:
                     await response(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+
+def _remote_control_refused(scope: Scope) -> bool:
+    """A state-changing endpoint (``CONTROL_PATHS``) called from another machine, on a
+    service without an API key and without ``allow_remote_control``."""
+    if getattr(scope["app"].state, "allow_remote_control", False):
+        return False
+    if not scope["path"].rstrip("/").endswith(CONTROL_PATHS):
+        return False
+    client = scope.get("client")
+    return not (client and is_loopback(str(client[0])))
 
 
 class _BodyLimit:
@@ -295,6 +317,7 @@ class GenRMIngress:
         self.args = args
         self.created = int(time.time())
         fastapi_app.state.api_key = args.api_key
+        fastapi_app.state.allow_remote_control = args.allow_remote_control
         fastapi_app.state.max_body_bytes = args.max_request_body_bytes
         self.prom = ServiceMetrics()
         self.prom.prime(list(instances))

@@ -20,6 +20,19 @@ DEFAULT_ROUTE_PREFIX = "/genrm"
 DEFAULT_APP_NAME = "genrm"
 
 
+#: Endpoints that change the service's state (free or restore the judges' GPU memory), under the
+#: route prefix: with no API key set they answer loopback callers only.
+CONTROL_PATHS = ("/sleep", "/wake_up")
+
+#: Hosts a server bound to is reachable from this machine only.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a bind address or a caller's address) is this machine only."""
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
 def _api_key_from_env() -> str | None:
     return os.environ.get("GENRM_API_KEY") or None
 
@@ -36,6 +49,9 @@ class ServeArgs(BaseModel):
     #: Bearer token every request except ``GET /health`` must carry; None = no auth.
     #: Defaults to ``$GENRM_API_KEY`` where the app is built (not where the replica runs).
     api_key: str | None = Field(default_factory=_api_key_from_env)
+    #: Without an api_key, the endpoints that change the service's state (``CONTROL_PATHS``:
+    #: sleep, wake) answer only loopback callers (403 for others); True lets any caller in.
+    allow_remote_control: bool = False
 
     #: Ray Serve's per-replica bound. Its default of 5 cut throughput ~10x under 32 clients;
     #: admission control is ours (per instance, 429), so Serve must never be the bottleneck.

@@ -40,7 +40,8 @@ class Subcommand:
 SUBCOMMANDS: dict[str, Subcommand] = {
     "plan": Subcommand(
         "rl_core.placement.command",
-        "print the placement plan (mode and GPU map) for train's flags; needs no GPU",
+        "print the placement plan (mode and GPU map) for train's flags, --preset and --config "
+        "included; needs no GPU",
     ),
     "train": Subcommand(
         "rl_core.train", "GRPO training with GenRM judges (e.g. --preset cpu-demo)"

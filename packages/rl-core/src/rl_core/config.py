@@ -153,6 +153,8 @@ class TrainConfig(RewardArgs):
     save_keep: int | None = Field(default=None, gt=0)
     load: str | None = None
     run_dir: str = "runs/latest"
+    #: a fresh run into a --run-dir holding another run's metrics: replace them (else refused)
+    overwrite_run_dir: bool = False
     preset: str | None = None
 
     @field_validator(*_JSON_REWARD_FIELDS, mode="before")
@@ -440,11 +442,30 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     _flag(g, "--genrm-port", help="HTTP port of the judge service (default: a free port)")
 
     g = p.add_argument_group("checkpoints and output")
-    _flag(g, "--save")
-    _flag(g, "--save-interval")
+    _flag(
+        g,
+        "--save",
+        help="folder of checkpoints (step_NNNNNN/ and a 'latest' file); a stopped run saves "
+        "its last completed step there",
+    )
+    _flag(
+        g,
+        "--save-interval",
+        help="with --save: save every N steps too (the last step is always saved)",
+    )
     _flag(g, "--save-keep", help="keep only the newest N checkpoints (default: all)")
-    _flag(g, "--load")
+    _flag(
+        g,
+        "--load",
+        help="resume from a checkpoint: a --save folder (its latest step) or one step_* folder",
+    )
     _flag(g, "--run-dir", help="metrics, TensorBoard, plots")
+    _flag(
+        g,
+        "--overwrite-run-dir",
+        help="a fresh run into a --run-dir that holds another run's metrics: remove its "
+        "metrics, samples and TensorBoard events first (without it such a run is refused)",
+    )
 
 
 def _file_values(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -476,10 +497,21 @@ def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
 
     A wrong layout is caught here, before any model loads or Ray starts.
     """
+    ns, overrides = parse_train_namespace(sys.argv[1:] if argv is None else argv)
+    return config_from_namespace(ns, sglang_overrides=overrides)
+
+
+def parse_train_namespace(
+    argv: Sequence[str], *, prog: str = "rl-core train"
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The flags of a train command line with ``--preset`` and ``--config`` applied under them,
+    and its SGLang server overrides: the one parsing path of ``rl-core train`` and of
+    ``rl-core plan --preset/--config``, so the plan printed is the plan train runs."""
     parser = build_parser()
+    parser.prog = prog
     known = {opt for action in parser._actions for opt in action.option_strings}
     try:
-        argv, overrides = pop_sglang_overrides(sys.argv[1:] if argv is None else argv, known)
+        argv, overrides = pop_sglang_overrides(list(argv), known)
     except PlacementError as err:
         raise ConfigError(str(err)) from err
     first, _ = parser.parse_known_args(argv)
@@ -489,7 +521,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> TrainConfig:
     if first.config:
         defaults.update(_file_values(first.config, parser))
     parser.set_defaults(**defaults)
-    return config_from_namespace(parser.parse_args(argv), sglang_overrides=overrides)
+    return parser.parse_args(argv), dict(overrides)
 
 
 def build_config(**values: Any) -> TrainConfig:

@@ -27,12 +27,19 @@ from rl_core.engine_recovery import RecoverableEngine
 from rl_core.evaluation import Evaluation
 from rl_core.generated import GENERATED_SETS
 from rl_core.layout import read_layout, write_layout
-from rl_core.metrics import GpuMemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
+from rl_core.metrics import (
+    GpuMemoryProbe,
+    MetricsWriter,
+    PhaseClock,
+    PhaseTimes,
+    clear_run_records,
+)
 from rl_core.placement import render_plan
 from rl_core.rewards import reward_setup
 from rl_core.services import start_ray, start_services, start_weight_sync
 from rl_core.specs import resolve_rollout_engine, rollout_seeded
 from rl_core.stopping import StopRequest
+from rl_core.terminal import make_console
 from rl_core.trainer import GRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -71,6 +78,8 @@ def load_data(spec: str, cfg: TrainConfig, run_dir: Path, *, eval_set: bool) -> 
 def _prepare_run_dir(cfg: TrainConfig) -> Path:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.overwrite_run_dir and cfg.load is None:
+        clear_run_records(run_dir)  # preflight refused this folder without the flag
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
     return run_dir
 
@@ -85,7 +94,7 @@ async def run_training(
     saved; the status is then ``stop.exit_code`` and ``stop_report`` says what was saved.
     """
     apply_ray_env_defaults(disable_auth=True)
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     clock = PhaseClock(console)
     startup: PhaseTimes = {}
     run_dir = await asyncio.to_thread(_prepare_run_dir, cfg)
@@ -168,11 +177,11 @@ async def run_training(
         startup=startup,
         total_s=clock.elapsed(),
         precision=learner.precision,
-        console=Console(),
+        console=make_console(),
         notes=run_notes(cfg),
         evals=evaluation.history,
     )
-    Console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
+    make_console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
     return 0
 
 

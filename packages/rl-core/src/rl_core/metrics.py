@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rl_core.limits import ENGINE_PROBE_TIMEOUT_S
+from rl_core.terminal import make_console
 
 if TYPE_CHECKING:
     from genrm_serve import RemoteEngine
@@ -68,6 +69,11 @@ class MetricsWriter:
             for row in rows:
                 f.write(json.dumps(row, default=str) + "\n")
 
+    def has_step(self, step: int) -> bool:
+        """Whether ``metrics.jsonl`` holds a record of ``step`` (a resume's checkpoint step was
+        logged by the run that saved it: evaluating it again would log it twice)."""
+        return step in logged_steps(self.run_dir)
+
     def truncate(self, step: int) -> int:
         """Forget every step after ``step`` (a resume from its checkpoint redoes them): the
         records of ``metrics.jsonl``, the sample files, and TensorBoard's events (a writer with
@@ -113,6 +119,21 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def logged_steps(run_dir: str | Path) -> list[int]:
+    """The steps ``RUN_DIR/metrics.jsonl`` holds records of, in order (none without the file;
+    a line cut short by a crash is skipped)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    steps = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return steps
+
+
 class PhaseClock:
     """Times the phases of a run and shows the long ones with a rich progress bar.
 
@@ -123,7 +144,7 @@ class PhaseClock:
     """
 
     def __init__(self, console: Console | None = None, *, show: bool = True) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.show = show
         self.times: PhaseTimes = {}
         self._started = time.perf_counter()
@@ -224,3 +245,24 @@ class GpuMemoryProbe:
             name = f"{prefix}gpu{gpu}"
             out[name] = max(out.get(name, 0.0), used / 1e9)
         return out
+
+
+def clear_run_records(run_dir: str | Path) -> list[Path]:
+    """Remove what a run wrote into ``run_dir`` as it went (``metrics.jsonl``, the sample
+    dumps, TensorBoard's events; the plots are redrawn at the end), so that a run started there
+    with ``--overwrite-run-dir`` does not add its records to another run's. Returns what was
+    removed."""
+    import shutil
+
+    root = Path(run_dir)
+    removed = []
+    for name in (METRICS_FILE, "samples", "tb"):
+        path = root / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(path)
+    return removed

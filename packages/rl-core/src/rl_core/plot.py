@@ -6,6 +6,8 @@ Reads only ``metrics.jsonl``, so it works on a finished run, a crashed one, or o
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: Any) -> int:
-    for path in plot_run(args.run_dir, args.out):
+    """Exit status 0, or 2 for a folder that is not a run (no or unreadable ``metrics.jsonl``):
+    one line that names it, not a traceback."""
+    try:
+        paths = plot_run(args.run_dir, args.out)
+    except FileNotFoundError as err:
+        print(f"rl-core plot: {err}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as err:
+        print(
+            f"rl-core plot: {args.run_dir}/metrics.jsonl: not a metrics file ({err})",
+            file=sys.stderr,
+        )
+        return 2
+    for path in paths:
         print(path)
     return 0

@@ -26,7 +26,15 @@ from rl_core.config import ConfigError, TrainConfig
 from rl_core.data import DataError, load_prompt_data, parse_record, record_json
 from rl_core.generated import GENERATED_SETS
 
-__all__ = ["check_data", "check_load", "check_models", "check_rewards", "check_save", "preflight"]
+__all__ = [
+    "check_data",
+    "check_load",
+    "check_models",
+    "check_rewards",
+    "check_run_dir",
+    "check_save",
+    "preflight",
+]
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -36,6 +44,7 @@ def preflight(cfg: TrainConfig) -> None:
     check_rewards(cfg)
     check_load(cfg)
     check_save(cfg)
+    check_run_dir(cfg)
 
 
 # --- models ----------------------------------------------------------------------------------
@@ -51,13 +60,24 @@ def _check_model_folder(flag: str, path: str) -> None:
 
 
 def check_models(cfg: TrainConfig) -> None:
-    """The policy and every judge that loads a model are folders with a config."""
+    """The policy and every judge that loads a model are folders with a config; a judge's
+    adapter and engine Python are what they must be (genrm-serve's own check, which
+    ``genrm-serve run`` runs too), named by the flags that set them."""
+    from genrm_serve import InstanceFileError, check_instance_files
+
     _check_model_folder("--hf-checkpoint", cfg.hf_checkpoint)
-    for key, spec in cfg.genrm_instances.items():
-        if spec.engine == "scripted" or spec.model_path.startswith("scripted"):
-            continue  # the test engine: its model_path is a script
-        flag = "--genrm-model-path" if key == "__default__" else f"--genrm-instances {key}"
-        _check_model_folder(flag, spec.model_path)
+    try:
+        check_instance_files(cfg.genrm_instances)
+    except InstanceFileError as err:
+        if err.key != "__default__":
+            where = f"--genrm-instances {err.key}"
+            if err.setting != "model_path":
+                where += f" {err.setting}"
+        elif err.setting == "model_path":
+            where = "--genrm-model-path"
+        else:
+            where = f"--genrm-engine-config {err.setting.removeprefix('engine_config.')}"
+        raise ConfigError(f"{where} {err.value}: {err.reason}") from None
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -157,6 +177,28 @@ def check_load(cfg: TrainConfig) -> None:
             f"--num-rollout {cfg.num_rollout}: the checkpoint {path} is at step {step} already; "
             "raise --num-rollout to train further"
         )
+
+
+# --- the --run-dir folder ---------------------------------------------------------------------
+
+
+def check_run_dir(cfg: TrainConfig) -> None:
+    """A fresh run (no ``--load``) does not add its records to another run's: a ``--run-dir``
+    whose ``metrics.jsonl`` holds steps is refused unless ``--overwrite-run-dir`` says to
+    replace them (a resume cuts what was logged beyond its checkpoint, and goes on there)."""
+    from rl_core.metrics import METRICS_FILE, logged_steps
+
+    if cfg.load is not None or cfg.overwrite_run_dir:
+        return
+    steps = logged_steps(cfg.run_dir)
+    if not steps:
+        return
+    raise ConfigError(
+        f"--run-dir {cfg.run_dir}: holds another run's metrics ({len(steps)} record(s), steps "
+        f"{min(steps)}-{max(steps)} in {METRICS_FILE}); a fresh run would log its steps after "
+        "them. Pass --overwrite-run-dir to replace them, choose a new --run-dir, or --load that "
+        "run's checkpoint to resume it"
+    )
 
 
 # --- the --save folder -----------------------------------------------------------------------

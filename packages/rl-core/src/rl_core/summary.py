@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rl_core.terminal import make_console
 from rl_core.trainer import StepRecord
 
 PHASES = ("rollout", "reward", "reward_wait", "train", "wake", "weight_sync", "eval", "save")
@@ -161,7 +162,12 @@ def _eval_lines(history: Sequence[StepRecord], evals: Sequence[dict[str, Any]] |
     first_step = history[0].step if history else 1
     lines = []
     for m in evals:
-        when = "before training" if m["step"] < first_step else f"after step {m['step']}"
+        if m["step"] == 0:
+            when = "before training"
+        elif m["step"] < first_step:  # a resumed run's, of the checkpoint it resumed from
+            when = f"of the resumed checkpoint (step {m['step']})"
+        else:
+            when = f"after step {m['step']}"
         lines.append(
             f"[bold]eval {when}[/]: accuracy (pass@1) {_fmt(m.get('eval/accuracy'))}, "
             f"mean reward {_fmt(m.get('eval/reward_mean'))}, judge agrees with math-verify "
@@ -186,7 +192,7 @@ def render_summary(
     how the run was set up, e.g. that KL is not computed). ``evals``: every evaluation of the
     run (the evaluation's ``history``, one before training included); else those in
     ``history``."""
-    console = console or Console()
+    console = console or make_console()
     if precision:
         console.print(f"[bold]training precision[/]: {precision}")
     for note in notes:

@@ -225,7 +225,9 @@ class GRPOTrainer:
         if resume is not None:
             await self.resume(resume)
         steps = range(self.start_step, self.cfg.num_rollout)
-        if self.evaluation.before_training and steps:
+        # a resume's checkpoint step was logged (its evaluation too, where one was due) by the
+        # run that saved it: it is not evaluated, nor recorded, a second time
+        if self.evaluation.before_training and steps and not self.metrics.has_step(self.start_step):
             times: PhaseTimes = {}
             with self.clock.timed("eval", times):
                 before = await self.evaluate(self.start_step)

@@ -1,7 +1,10 @@
 """``rl-core plan``: the mode and GPU map for a set of flags, before any GPU is touched.
 
 Accepts the whole ``rl-core train`` command line: flags that are not about placement are listed
-on stderr as ignored, so a typo in a placement flag is never silent. An invalid layout exits with
+on stderr as ignored, so a typo in a placement flag is never silent. With ``--preset`` or
+``--config FILE`` the command line is read by train's own parser (the preset and the file under the
+flags, as train applies them), so the plan printed is the plan train would run; every flag is then
+a train flag and an unknown one is refused as train refuses it. An invalid layout exits with
 status 2 and the message that says how to fix it.
 """
 
@@ -13,6 +16,7 @@ import sys
 
 from rl_core.placement.args import add_placement_args, plan_from_args
 from rl_core.placement.errors import PlacementError
+from rl_core.placement.plan import PlacementPlan
 from rl_core.placement.render import render_plan
 from rl_core.placement.sglang_flags import pop_sglang_overrides
 
@@ -26,9 +30,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the plan as JSON (with its 'mode') instead"
     )
+    # train's own flags: with either, train's parser reads the whole command line
+    parser.add_argument(
+        "--preset", metavar="NAME", default=None, help="plan train's ready-made job (cpu-demo)"
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", default=None, help="plan train's YAML/JSON file of flag values"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.preset is not None or args.config is not None:
+        return _run_as_train(args)
     try:  # what the parser left over: a --sglang-* flag there is an SGLang server argument
         unknown, overrides = pop_sglang_overrides(getattr(args, "unknown_flags", []), known=())
     except PlacementError as err:
@@ -57,11 +70,43 @@ def run(args: argparse.Namespace) -> int:
         except ParallelConfigError as err:
             print(f"rl-core plan: error: {err}", file=sys.stderr)
             return 2
-    if args.json:
+    return _print(plan, as_json=args.json)
+
+
+def _print(plan: PlacementPlan, *, as_json: bool) -> int:
+    if as_json:
         print(json.dumps(plan.model_dump(mode="json"), indent=2))
     else:
         print(render_plan(plan))
     return 0
+
+
+def _run_as_train(args: argparse.Namespace) -> int:
+    """The plan of ``rl-core train``'s own reading of the command line (preset and config file
+    included): what train would realise, refused with train's message where train refuses.
+    Imports train's config module (and with it torch), so this path takes seconds, not the
+    fraction of a second of a plain placement plan."""
+    from rl_core.config import ConfigError, parse_train_namespace
+
+    argv = [a for a in getattr(args, "subcommand_argv", []) if a != "--json"]
+    try:
+        ns, overrides = parse_train_namespace(argv, prog="rl-core plan")
+        plan = plan_from_args(ns, sglang_overrides=overrides)
+        if ns.train_backend == "megatron":
+            from rl_core.backends.megatron.parallel import (
+                ParallelConfigError,
+                check_parallel_sizes,
+                megatron_config_from,
+            )
+
+            try:
+                check_parallel_sizes(len(plan.roles["actor"].bundles), megatron_config_from(ns))
+            except ParallelConfigError as err:
+                raise PlacementError(str(err)) from err
+    except (ConfigError, PlacementError) as err:
+        print(f"rl-core plan: error: {err}", file=sys.stderr)
+        return 2
+    return _print(plan, as_json=args.json)
 
 
 def _training_backend(flags: list[str]) -> tuple[argparse.Namespace | None, list[str]]:

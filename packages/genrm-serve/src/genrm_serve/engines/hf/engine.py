@@ -330,7 +330,19 @@ class HFEngine(Engine):
         except Exception as err:
             raise EngineError(f"{where}: cannot be applied to {self.model_dir}: {err}") from err
         expected = _adapter_tensor_names(adapter)
-        loaded = {_without_adapter_name(k) for k in get_peft_model_state_dict(peft_model)}
+        # The names only, for the check below. peft's default ("auto") decides whether whole
+        # embedding layers belong by reading the base's config.json at the adapter's
+        # base_model_name_or_path, on the Hub when it is no folder ("embedded"): a lookup and a
+        # warning on every start. The adapter file says it itself: a full embedding tensor in it.
+        embeddings = any(
+            name.endswith(f"{layer}.weight") and "lora_" not in name
+            for name in expected
+            for layer in ("embed_tokens", "lm_head")
+        )
+        loaded = {
+            _without_adapter_name(k)
+            for k in get_peft_model_state_dict(peft_model, save_embedding_layers=embeddings)
+        }
         if expected != loaded:
             raise EngineError(
                 f"{where}: does not fit {self.model_dir}: tensors without a module "
