@@ -9,4 +9,4 @@ export UV_FROZEN=1 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFF
 export RAY_ENABLE_UV_RUN_RUNTIME_ENV=0
 # The main job: judge service + Gemma 3 270M policy, 3 GRPO steps on generated arithmetic, an
 # evaluation, plots and a summary (runs/cpu-demo/). Extra flags override the preset.
-exec python3 -m uv run --frozen --no-sync rl-core train --preset cpu-demo "$@"
+exec python3 -m uv run --frozen --no-sync rl-core train --preset cpu-demo --overwrite-run-dir "$@"
