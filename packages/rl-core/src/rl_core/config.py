@@ -29,6 +29,7 @@ from rl_core.backends.megatron.parallel import (
     add_megatron_args,
     megatron_config_from,
 )
+from rl_core.generated import GENERATED_SETS
 from rl_core.grpo.loss import LossConfig
 from rl_core.placement import (
     LayoutRequest,
@@ -38,7 +39,6 @@ from rl_core.placement import (
     layout_from_args,
     plan_layout,
 )
-from rl_core.generated import GENERATED_SETS
 from rl_core.placement.sglang_flags import pop_sglang_overrides
 
 #: The embedded Gemma 3 270M (genrm-serve's cached safetensors copy), for policy or judge.
@@ -151,6 +151,9 @@ class TrainConfig(RewardArgs):
     save_interval: int | None = Field(default=None, gt=0)
     #: keep only the newest N checkpoints of --save (None: keep every one)
     save_keep: int | None = Field(default=None, gt=0)
+    #: at the end of the run, the final policy as a Hugging Face model folder (``rl_core.export``)
+    save_hf: str | None = None
+    save_hf_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     load: str | None = None
     run_dir: str = "runs/latest"
     preset: str | None = None
@@ -230,6 +233,8 @@ class TrainConfig(RewardArgs):
             raise ValueError(f"--save-interval {self.save_interval} needs --save DIR")
         if self.save_keep is not None and self.save is None:
             raise ValueError(f"--save-keep {self.save_keep} needs --save DIR")
+        if self.save_hf_dtype != "bf16" and self.save_hf is None:
+            raise ValueError(f"--save-hf-dtype {self.save_hf_dtype} needs --save-hf DIR")
         if self.lr_decay_style != "constant" and self.lr_decay_iters is None:
             raise ValueError(f"--lr-decay-style {self.lr_decay_style} needs --lr-decay-iters")
         return self
@@ -443,6 +448,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     _flag(g, "--save")
     _flag(g, "--save-interval")
     _flag(g, "--save-keep", help="keep only the newest N checkpoints (default: all)")
+    _flag(
+        g,
+        "--save-hf",
+        help="at the end, write the final policy as a Hugging Face model folder (new or empty)",
+    )
+    _flag(g, "--save-hf-dtype", help="the --save-hf weights' dtype")
     _flag(g, "--load")
     _flag(g, "--run-dir", help="metrics, TensorBoard, plots")
 

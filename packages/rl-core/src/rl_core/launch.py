@@ -23,8 +23,8 @@ from genrm_serve import apply_ray_env_defaults, resolve_model_path
 from rl_core.checkpoints import Checkpointer
 from rl_core.config import TrainConfig
 from rl_core.data import PromptDataset, load_prompt_data, write_prompt_data
-from rl_core.generated import GENERATED_SETS
 from rl_core.evaluation import Evaluation
+from rl_core.generated import GENERATED_SETS
 from rl_core.layout import read_layout, write_layout
 from rl_core.metrics import GpuMemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
 from rl_core.placement import render_plan
@@ -35,6 +35,7 @@ from rl_core.stopping import StopRequest
 from rl_core.trainer import GRPOTrainer
 
 logger = logging.getLogger(__name__)
+
 
 def resolve_model(path: str) -> str:
     """A local model folder: ``embedded[:name]`` becomes genrm-serve's cached safetensors copy
@@ -165,6 +166,8 @@ async def run_training(
         evals=evaluation.history,
     )
     Console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
+    if cfg.save_hf:
+        Console().print(f"[bold]model[/]: {cfg.save_hf} (HF folder, {cfg.save_hf_dtype})")
     return 0
 
 
