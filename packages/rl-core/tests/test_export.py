@@ -1,4 +1,4 @@
-"""``rl-core export`` and ``--save-hf``: a checkpoint of either backend as a Hugging Face folder.
+"""``rl-core export``: a checkpoint of either backend as a Hugging Face folder.
 
 What a user relies on: the exported model computes the trainer's log-probs (exactly in fp32,
 within bf16 rounding in bf16), the folder loads wherever a model folder is taken (transformers,
@@ -242,38 +242,6 @@ def test_exporting_an_unknown_dtype_from_python_names_it(trained, tmp_path):
         export_hf(trained[0], tmp_path / "hf", dtype="bf8")
 
 
-# --- rl-core train --save-hf --------------------------------------------------------------------
-
-
-async def test_save_hf_writes_the_final_policy(tmp_path, grpo_config, grpo_trainer):
-    out = tmp_path / "final"
-    cfg = grpo_config(tmp_path, num_rollout=2, save_hf=str(out), save_hf_dtype="fp32")
-    trainer, _, backend = await grpo_trainer(cfg)
-    await trainer.run()
-    tensors = load_file(out / "model.safetensors")
-    for k, v in backend.export_weights().items():
-        assert torch.equal(tensors[k], v), k
-    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
-
-
-def test_save_hf_into_a_folder_that_is_not_empty_is_refused_at_start(tmp_path, capsys):
-    from rl_core.config import build_config
-    from rl_core.preflight import check_save_hf
-
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "x").write_text("x")
-    cfg = build_config(
-        hf_checkpoint="unused",
-        prompt_data="gen:easy-math",
-        rm_type="math",
-        save_hf=str(tmp_path / "full"),
-    )
-    from rl_core.config import ConfigError
-
-    with pytest.raises(ConfigError, match=r"--save-hf .*full: exists and is not empty"):
-        check_save_hf(cfg)
-
-
 # --- Megatron, tensor parallel 2 ------------------------------------------------------------------
 
 
@@ -283,6 +251,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two spawned Megatron ranks: ~110 s on 2 busy cores
 def test_a_tensor_parallel_megatron_checkpoint_exports_the_trainers_weights(tmp_path):
     """TP = 2 ranks train a step and save (the shards gathered into one HF folder); the export
     holds the trainer's weights exactly and computes the Megatron policy's log-probs."""
