@@ -75,6 +75,7 @@ def test_preset_and_config_file_and_cli_priority(tmp_path):
         pytest.param(["--eps-clip", "1.5"], "--eps-clip = 1.5", id="eps-range"),
         pytest.param(["--eps-clip-high", "0.1"], "eps-clip-high", id="eps-high-below"),
         pytest.param(["--save-interval", "2"], "needs --save", id="save-interval"),
+        pytest.param(["--save-hf-dtype", "fp32"], "needs --save-hf DIR", id="save-hf-dtype"),
         pytest.param(["--rm-type", "dummy"], "defer-reward-to-post-process", id="dummy-alone"),
         # the plan refuses it, in the words of the layout (plan and train say the same)
         pytest.param(

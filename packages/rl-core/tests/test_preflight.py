@@ -188,6 +188,18 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["--save", "/dev/null/ckpt"],
             r"--save /dev/null/ckpt: not writable",
         ),
+        "save-hf into a folder that is not empty": (
+            ["--save-hf", str(tmp)],
+            r"--save-hf .*: exists and is not empty",
+        ),
+        "save-hf inside the save folder": (
+            ["--save", str(tmp / "ckpt-root"), "--save-hf", str(tmp / "ckpt-root" / "hf")],
+            r"--save-hf .*ckpt-root/hf: is, holds or lies in --save .*ckpt-root",
+        ),
+        "save-hf where nothing can be written": (
+            ["--save-hf", "/dev/null/hf"],
+            r"--save-hf /dev/null/hf: .*not writable",
+        ),
     }
 
 

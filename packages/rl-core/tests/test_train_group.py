@@ -98,7 +98,9 @@ def test_split_by_tokens_balances_and_keeps_order() -> None:
     assert max(loads) - min(loads) <= max(len(it.tokens) for it in items)
 
 
-async def test_one_and_two_ranks_take_the_same_step(local_ray: None, model: Path) -> None:
+async def test_one_and_two_ranks_take_the_same_step(
+    local_ray: None, model: Path, tmp_path: Path
+) -> None:
     items = _items(10)
     weights = {}
     metrics = {}
@@ -106,6 +108,9 @@ async def test_one_and_two_ranks_take_the_same_step(local_ray: None, model: Path
         group, realized = await _group(model, ranks, f"dp{ranks}-")
         metrics[ranks] = await group.train(items, batch_size=len(items))
         weights[ranks] = await (await group.export_weights())
+        if ranks == 2:  # --save-hf: rank 0 writes the trained policy
+            await group.save_hf(tmp_path / "hf", "fp32")
+            _assert_hf_folder(tmp_path / "hf", weights[2])
         await group.shutdown()
         realized.remove()
     assert weights[1].keys() == weights[2].keys()
@@ -117,7 +122,9 @@ async def test_one_and_two_ranks_take_the_same_step(local_ray: None, model: Path
         assert metrics[1][key] == pytest.approx(metrics[2][key], rel=1e-4, abs=1e-6), key
 
 
-async def test_megatron_ranks_take_the_torch_step(local_ray: None, model: Path) -> None:
+async def test_megatron_ranks_take_the_torch_step(
+    local_ray: None, model: Path, tmp_path: Path
+) -> None:
     """``--train-backend megatron`` through the same group: 2 data-parallel ranks give the
     HF-named weights the torch backend's single rank gives (tensor parallelism is checked in
     test_megatron_backend.py; the tiny model's vocabulary of 465 does not split in two)."""
@@ -132,11 +139,25 @@ async def test_megatron_ranks_take_the_torch_step(local_ray: None, model: Path) 
     assert group.data_parallel_size == 2
     await group.train(items, batch_size=len(items))
     got = await (await group.export_weights())
+    await group.save_hf(tmp_path / "hf", "fp32")  # every rank joins, rank 0 writes
     await group.shutdown()
     realized.remove()
+    _assert_hf_folder(tmp_path / "hf", got)
     assert got.keys() == expected.keys()
     for name, w in expected.items():
         assert torch.allclose(got[name], w, atol=1e-5, rtol=0), name
+
+
+def _assert_hf_folder(folder: Path, weights: dict[str, torch.Tensor]) -> None:
+    """``folder`` is an HF model folder (with the base's tokenizer) holding exactly ``weights``."""
+    from transformers import AutoModelForCausalLM
+
+    assert (folder / "tokenizer_config.json").is_file()
+    loaded = dict(
+        AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).named_parameters()
+    )
+    for k, v in weights.items():
+        assert torch.equal(loaded[k].detach(), v), k
 
 
 def _initial(model: Path) -> dict[str, torch.Tensor]:

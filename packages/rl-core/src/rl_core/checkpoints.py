@@ -119,7 +119,7 @@ class Resume:
 
 class Checkpointer:
     """``--save`` / ``--load`` of a run through its learner: when to save, the save itself (then
-    ``latest`` and ``--save-keep``), the resume, and what a stopped run saved."""
+    ``latest`` and ``--save-keep``), the resume, what a stopped run saved, and ``--save-hf``."""
 
     def __init__(self, cfg: TrainConfig, learner: Learner) -> None:
         self.learner = learner
@@ -129,6 +129,10 @@ class Checkpointer:
         self.keep = cfg.save_keep
         self.last_step = cfg.num_rollout
         self.run_dir = cfg.run_dir
+        #: the run's --hf-checkpoint, recorded so ``rl-core export`` finds the tokenizer
+        self.base_model = cfg.hf_checkpoint
+        self.save_hf = Path(cfg.save_hf).expanduser() if cfg.save_hf else None
+        self.save_hf_dtype = cfg.save_hf_dtype
         #: the step of the newest checkpoint this run wrote or resumed from
         self.saved_step = 0
 
@@ -146,7 +150,8 @@ class Checkpointer:
         root = self.root
         path = step_folder(root, step)
         try:
-            await self.learner.save(path, {"rollout_step": step, **state})
+            extra = {"rollout_step": step, "base_model": self._base_model_record(), **state}
+            await self.learner.save(path, extra)
             (root / LATEST).write_text(path.name)
         except OSError as err:
             raise CheckpointError(
@@ -159,6 +164,11 @@ class Checkpointer:
                 logger.info("removed checkpoint %s (--save-keep %d)", gone, self.keep)
         return path
 
+    def _base_model_record(self) -> str:
+        from rl_core.export import base_model_record
+
+        return base_model_record(self.base_model)
+
     async def load(self) -> Resume | None:
         """The learner's weights and optimizer from ``--load``'s checkpoint, and what it says
         about the run; None without ``--load``."""
@@ -168,6 +178,25 @@ class Checkpointer:
         extra = await self.learner.load(path)
         self.saved_step = int(extra["rollout_step"])
         return Resume(path, self.saved_step, extra["cursor"], int(extra["weight_version"]))
+
+    async def save_final_hf(self) -> Path | None:
+        """``--save-hf``: the final policy as a Hugging Face model folder (None without it).
+        Raises :class:`CheckpointError` naming the folder and the cause."""
+        if self.save_hf is None:
+            return None
+        from rl_core.export import ExportError, check_out_dir
+
+        path = self.save_hf
+        try:
+            check_out_dir("--save-hf", path)  # checked at start; something may have written since
+            await self.learner.save_hf(path, self.save_hf_dtype)
+        except (OSError, ExportError) as err:
+            raise CheckpointError(
+                f"--save-hf {path}: writing the model folder failed: {err}; the run's metrics, "
+                f"samples and evaluation are in {self.run_dir}"
+            ) from err
+        logger.info("wrote the final policy to %s (%s)", path, self.save_hf_dtype)
+        return path
 
     async def save_on_stop(self, where: str, done: int, state: dict[str, Any]) -> str:
         """Save the last completed step ``done`` of a stopped run (unless it is saved already)

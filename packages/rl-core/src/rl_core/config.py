@@ -151,6 +151,9 @@ class TrainConfig(RewardArgs):
     save_interval: int | None = Field(default=None, gt=0)
     #: keep only the newest N checkpoints of --save (None: keep every one)
     save_keep: int | None = Field(default=None, gt=0)
+    #: at the end of the run, the final policy as a Hugging Face model folder (``rl_core.export``)
+    save_hf: str | None = None
+    save_hf_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     load: str | None = None
     run_dir: str = "runs/latest"
     #: a fresh run into a --run-dir holding another run's metrics: replace them (else refused)
@@ -232,6 +235,8 @@ class TrainConfig(RewardArgs):
             raise ValueError(f"--save-interval {self.save_interval} needs --save DIR")
         if self.save_keep is not None and self.save is None:
             raise ValueError(f"--save-keep {self.save_keep} needs --save DIR")
+        if self.save_hf_dtype != "bf16" and self.save_hf is None:
+            raise ValueError(f"--save-hf-dtype {self.save_hf_dtype} needs --save-hf DIR")
         if self.lr_decay_style != "constant" and self.lr_decay_iters is None:
             raise ValueError(f"--lr-decay-style {self.lr_decay_style} needs --lr-decay-iters")
         return self
@@ -454,6 +459,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="with --save: save every N steps too (the last step is always saved)",
     )
     _flag(g, "--save-keep", help="keep only the newest N checkpoints (default: all)")
+    _flag(
+        g,
+        "--save-hf",
+        help="at the end, write the final policy as a Hugging Face model folder (new or empty)",
+    )
+    _flag(g, "--save-hf-dtype", help="the --save-hf weights' dtype")
     _flag(
         g,
         "--load",

@@ -181,7 +181,10 @@ async def run_training(
         notes=run_notes(cfg),
         evals=evaluation.history,
     )
-    make_console().print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
+    stdout = make_console()
+    stdout.print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
+    if cfg.save_hf:
+        stdout.print(f"[bold]model[/]: {cfg.save_hf} (HF folder, {cfg.save_hf_dtype})")
     return 0
 
 

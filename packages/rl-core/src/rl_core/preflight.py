@@ -33,6 +33,7 @@ __all__ = [
     "check_rewards",
     "check_run_dir",
     "check_save",
+    "check_save_hf",
     "preflight",
 ]
 
@@ -45,6 +46,7 @@ def preflight(cfg: TrainConfig) -> None:
     check_load(cfg)
     check_save(cfg)
     check_run_dir(cfg)
+    check_save_hf(cfg)
 
 
 # --- models ----------------------------------------------------------------------------------
@@ -243,3 +245,24 @@ def check_save(cfg: TrainConfig) -> None:
             f"{needed / 1e9:.2f} GB (the policy's parameters x {CHECKPOINT_BYTES_PER_PARAM} bytes: "
             "weights and Adam state in fp32); free space or choose another folder"
         )
+
+
+def check_save_hf(cfg: TrainConfig) -> None:
+    """``--save-hf`` can become the model folder at the end: new or empty, its parent writable
+    (found now, not after the whole run)."""
+    if cfg.save_hf is None:
+        return
+    from rl_core.export import ExportError, check_out_dir
+
+    out = Path(cfg.save_hf).expanduser().resolve()
+    if cfg.save is not None:
+        save = Path(cfg.save).expanduser().resolve()
+        if out == save or out.is_relative_to(save) or save.is_relative_to(out):
+            raise ConfigError(
+                f"--save-hf {cfg.save_hf}: is, holds or lies in --save {cfg.save}; the model "
+                "folder needs a folder of its own"
+            )
+    try:
+        check_out_dir("--save-hf", out)
+    except ExportError as err:
+        raise ConfigError(str(err)) from None

@@ -270,6 +270,8 @@ class GRPOTrainer:
                 raise NothingToTrainError(self._nothing_trained(step + 1, batch, untrained))
         if self.stop.requested:
             await self._stopped(ahead)
+        else:  # a completed run (a stopped one is resumed, and exported, later)
+            await self.checkpoints.save_final_hf()
         self.stop.abrupt()
         self.metrics.close()
         return self.history

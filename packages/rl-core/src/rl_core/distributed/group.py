@@ -73,6 +73,8 @@ class Learner(Protocol):
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None: ...
 
+    async def save_hf(self, path: Path, dtype: str) -> None: ...
+
     async def load(self, path: Path) -> dict[str, Any]: ...
 
 
@@ -136,6 +138,11 @@ class LocalLearner(_StepwiseLearner):
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
         await asyncio.to_thread(self.backend.save, path, extra)
+
+    async def save_hf(self, path: Path, dtype: str) -> None:
+        from rl_core.export import save_backend_hf
+
+        await asyncio.to_thread(save_backend_hf, self.backend, path, dtype)
 
     async def load(self, path: Path) -> dict[str, Any]:
         return await asyncio.to_thread(self.backend.load, path)
@@ -319,6 +326,11 @@ class TrainGroup(_RayGroup, _StepwiseLearner):
 
     async def save(self, path: Path, extra: dict[str, Any]) -> None:
         await self._all("save", str(path), extra)
+
+    async def save_hf(self, path: Path, dtype: str) -> None:
+        """The policy as an HF model folder at ``path``, written by rank 0 (Megatron's ranks
+        all take part: the weights are gathered over TP)."""
+        await self._all("save_hf", str(path), dtype)
 
     async def load(self, path: Path) -> dict[str, Any]:
         extras = await self._all("load", str(path))

@@ -296,6 +296,14 @@ class TrainWorker:
         if self.rank == 0 or self.train_backend == "megatron":
             self.backend.save(Path(path), extra)
 
+    def save_hf(self, path: str, dtype: str) -> None:
+        """The policy as an HF model folder (``rl_core.export``): rank 0 writes; Megatron's
+        ranks all export (the TP gather is collective)."""
+        if self.rank == 0 or self.train_backend == "megatron":
+            from rl_core.export import save_backend_hf
+
+            save_backend_hf(self.backend, Path(path), dtype, write=self.rank == 0)
+
     def load(self, path: str) -> dict[str, Any]:
         extra: dict[str, Any] = self.backend.load(Path(path))
         return extra
