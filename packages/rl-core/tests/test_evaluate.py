@@ -73,6 +73,38 @@ def test_pass_at_k_metrics_leave_judge_errors_out():
     assert out["eval/pass@4_prompts"] == 1
 
 
+def test_the_table_shows_every_figure(tmp_path):
+    from rich.console import Console
+
+    samples = [_sample(0, i, r) for i, r in enumerate([1.0, 0.0])]
+    samples += [_sample(1, i, r) for i, r in enumerate([None, 0.0])]
+    metrics = {
+        "eval/accuracy": 0.25,
+        "eval/reward_mean": 1 / 3,
+        "eval/judge_errors": 1,
+        "eval/samples": 4,
+        "eval/response_len_mean": 3.0,
+        "eval/judge_rule_agreement": None,
+        "eval/judge_rule_compared": 0,
+        **pass_at_k_metrics(samples, 2),
+    }
+    summary = {
+        "model": "m",
+        "eval_prompt_data": "gen:easy-math-eval",
+        "prompts": 2,
+        "n_samples_per_eval_prompt": 2,
+        "eval_temperature": 1.0,
+        "eval_max_response_len": 4,
+        "metrics": metrics,
+    }
+    console = Console(width=120, record=True)
+    console.print(evaluate.render_eval_summary(summary, tmp_path))
+    text = console.export_text()
+    for shown in ("pass@1 (eval/accuracy)", "0.2500", "pass@2", "over 1 prompts", "judge errors"):
+        assert shown in text, text
+    assert "2 × 2 = 4" in text
+
+
 # --- refusals before Ray starts ----------------------------------------------------------------
 
 

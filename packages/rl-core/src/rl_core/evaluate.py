@@ -272,7 +272,7 @@ def render_eval_summary(summary: dict[str, Any], out: Path) -> Table:
     rows += [
         (k.removeprefix("eval/"), f"{_fmt(v)} over {m[k + '_prompts']} prompts")
         for k, v in m.items()
-        if k.startswith("eval/pass@") and not k.endswith("_prompts")
+        if k.startswith("eval/pass@") and not k.endswith(("_prompts", "@1"))
     ]
     agreement = m.get("eval/judge_rule_agreement")
     rows += [
