@@ -3,6 +3,7 @@ training run's evaluation reproduced exactly from the same weights (end to end o
 
 import json
 import math
+import re
 from itertools import combinations
 
 import pytest
@@ -195,6 +196,57 @@ def test_force_writes_into_a_folder_with_files(tmp_path):
         evaluate.check_out(out, force=False)
 
 
+def _recorded_run(tmp_path, **flags):
+    """A run directory with the config.json ``rl-core train`` records."""
+    from rl_core.config import build_config
+
+    cfg = build_config(
+        hf_checkpoint="embedded",
+        prompt_data="gen:easy-math",
+        eval_prompt_data="gen:easy-math-eval",
+        rm_type="math",
+        colocate=True,
+        **flags,
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(cfg.model_dump_json(indent=1))
+    return run, cfg
+
+
+def test_from_run_takes_the_runs_config_and_the_model(tmp_path):
+    run, recorded = _recorded_run(tmp_path, eval_temperature=0.0, eval_limit=5)
+    req = evaluate.parse_eval_args(
+        ["--from-run", str(run), "--hf-checkpoint", "/models/final", "--out", str(tmp_path / "o")]
+    )
+    assert req.cfg.hf_checkpoint == "/models/final"
+    assert req.cfg.model_dump(exclude={"hf_checkpoint"}) == recorded.model_dump(
+        exclude={"hf_checkpoint"}
+    )
+    req = evaluate.parse_eval_args(["--from-run", str(run), "--n-samples-per-eval-prompt", "4"])
+    assert req.cfg.n_samples_per_eval_prompt == 4
+    assert req.cfg.hf_checkpoint == "embedded"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--lr", "1"], "--lr cannot be changed (the run's config decides it)"),
+        (["--n-samples-per-eval-prompt", "0"], "--n-samples-per-eval-prompt = 0: Input should be"),
+    ],
+    ids=["a training flag", "bad k"],
+)
+def test_from_run_refuses_what_it_cannot_change(tmp_path, argv, message):
+    run, _ = _recorded_run(tmp_path)
+    with pytest.raises(evaluate.ConfigError, match="^--from-run .*" + re.escape(message)):
+        evaluate.parse_eval_args(["--from-run", str(run), *argv])
+
+
+def test_from_run_needs_a_run_directory(tmp_path):
+    with pytest.raises(evaluate.ConfigError, match=r"no config\.json there"):
+        evaluate.parse_eval_args(["--from-run", str(tmp_path)])
+
+
 def test_the_cli_lists_eval():
     from rl_core.cli import SUBCOMMANDS
 
@@ -218,8 +270,8 @@ def _model_folder_of(checkpoint, base, dest):
 
 @pytest.mark.slow
 async def test_eval_reproduces_the_runs_last_eval_figure(tmp_path, monkeypatch):
-    """A training run evaluates after its last step (greedy); ``rl-core eval`` on the weights it
-    saved, with the run's flags, gives exactly the figure the run logged."""
+    """A training run evaluates after its last step (greedy); ``rl-core eval --from-run`` on the
+    weights it saved gives exactly the figure the run logged."""
     from genrm_serve.testing import build_tiny_model
     from rl_core.config import parse_train_args
     from rl_core.data import make_easy_math, write_prompt_data
@@ -288,7 +340,9 @@ async def test_eval_reproduces_the_runs_last_eval_figure(tmp_path, monkeypatch):
     model = _model_folder_of(ckpt / "step_000001", base, tmp_path / "final")
 
     out = tmp_path / "eval-out"
-    req = evaluate.parse_eval_args([*flags, "--hf-checkpoint", str(model), "--out", str(out)])
+    # the run's own settings (its config.json), the saved weights
+    argv = ["--from-run", str(run), "--hf-checkpoint", str(model), "--out", str(out)]
+    req = evaluate.parse_eval_args(argv)
     evaluate.preflight_eval(req)
     summary = await evaluate.run_eval(req)
     got = summary["metrics"]

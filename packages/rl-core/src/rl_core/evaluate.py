@@ -9,7 +9,8 @@ So the same weights, evaluation set, flags and greedy decoding give the figure t
 ``eval/accuracy`` (pass@1) and ``eval/reward_mean``. It adds unbiased pass@k for
 ``--n-samples-per-eval-prompt`` > 1, writes ``OUT/samples.jsonl`` (the training sample files'
 fields) and ``OUT/summary.json``, and prints a table. The evaluation's seeds are those of the
-run's evaluation before its first step (step 0).
+run's evaluation before its first step (step 0). ``--from-run RUN_DIR`` takes every setting from
+a run's recorded ``config.json`` instead of flags, with a new ``--hf-checkpoint``.
 
 Bad input (a model that is not a model folder, a bad data file, an unknown reward, a bad
 ``--n-samples-per-eval-prompt``, an ``--out`` that holds files) is refused before Ray starts or a
@@ -65,8 +66,29 @@ class EvalRequest:
 # --- the command line ----------------------------------------------------------------------------
 
 
+#: what ``--from-run`` lets the command line change: the model and the evaluation's sampling
+#: (everything else is the run's, so the figure is comparable with the run's own)
+FROM_RUN_OVERRIDES: dict[str, type] = {
+    "hf_checkpoint": str,
+    "eval_prompt_data": str,
+    "n_samples_per_eval_prompt": int,
+    "eval_temperature": float,
+    "eval_max_response_len": int,
+    "eval_limit": int,
+}
+
+
 def _add_output_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("evaluation output")
+    g.add_argument(
+        "--from-run",
+        default=None,
+        metavar="RUN_DIR",
+        help="take every setting from a training run's RUN_DIR/config.json (its eval set, "
+        "reward, judges, placement and --eval-* flags); only "
+        + ", ".join("--" + k.replace("_", "-") for k in FROM_RUN_OVERRIDES)
+        + " may be given beside it",
+    )
     g.add_argument(
         "--out",
         default=DEFAULT_OUT,
@@ -84,6 +106,9 @@ def parse_eval_args(argv: Sequence[str]) -> EvalRequest:
     own = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     _add_output_args(own)
     mine, rest = own.parse_known_args(list(argv))
+    out = Path(mine.out).expanduser()
+    if mine.from_run is not None:
+        return EvalRequest(cfg=config_from_run(mine.from_run, rest), out=out, force=mine.force)
     given = {a.split("=", 1)[0] for a in rest if a.startswith("--")}
     if "--prompt-data" not in given and "--eval-prompt-data" in given:
         i = next(i for i, a in enumerate(rest) if a.split("=", 1)[0] == "--eval-prompt-data")
@@ -101,7 +126,50 @@ def parse_eval_args(argv: Sequence[str]) -> EvalRequest:
         raise ConfigError(
             "--eval-prompt-data is required: a jsonl file or a gen: set to evaluate on"
         )
-    return EvalRequest(cfg=cfg, out=Path(mine.out).expanduser(), force=mine.force)
+    return EvalRequest(cfg=cfg, out=out, force=mine.force)
+
+
+def config_from_run(run_dir: str, argv: Sequence[str]) -> TrainConfig:
+    """The config a training run recorded (``RUN_DIR/config.json``), with the model and the
+    evaluation's sampling flags of ``argv`` applied (:data:`FROM_RUN_OVERRIDES`); any other flag
+    is refused. Relative paths in it are the run's: call from the folder the run was started in."""
+    from pydantic import ValidationError
+
+    path = Path(run_dir).expanduser() / "config.json"
+    p = argparse.ArgumentParser(prog="rl-core eval --from-run", add_help=False)
+    for name, kind in FROM_RUN_OVERRIDES.items():
+        p.add_argument(
+            "--" + name.replace("_", "-"), dest=name, type=kind, default=argparse.SUPPRESS
+        )
+    known, other = p.parse_known_args(list(argv))
+    if other:
+        raise ConfigError(
+            f"--from-run {run_dir}: {other[0]} cannot be changed (the run's config decides it); "
+            "beside --from-run give only "
+            + ", ".join("--" + k.replace("_", "-") for k in FROM_RUN_OVERRIDES)
+        )
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"--from-run {run_dir}: no config.json there (not a run directory)"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--from-run {run_dir}: {path} cannot be read: {err}") from None
+    try:
+        cfg = TrainConfig.model_validate({**recorded, **vars(known)})
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(
+            f"--from-run {run_dir}: --{loc.replace('_', '-')} = {first.get('input')!r}: "
+            f"{first['msg'].removeprefix('Value error, ')}"
+        ) from None
+    if cfg.eval_prompt_data is None:
+        raise ConfigError(
+            f"--from-run {run_dir}: the run had no --eval-prompt-data; give one to evaluate on"
+        )
+    return cfg
 
 
 # --- checks before anything starts ---------------------------------------------------------------
