@@ -47,6 +47,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "rl_core.train", "GRPO training with GenRM judges (e.g. --preset cpu-demo)"
     ),
     "plot": Subcommand("rl_core.plot", "write reward / accuracy / length curves of a run to PNG"),
+    "eval": Subcommand("rl_core.evaluate", "evaluate a model on an eval set as training does"),
     "export": Subcommand("rl_core.export", "write a checkpoint as a Hugging Face model folder"),
 }
 

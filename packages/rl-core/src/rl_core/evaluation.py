@@ -5,12 +5,16 @@ It runs before training (``--eval-before-and-after``), every ``--eval-interval``
 the last step, on the rollout engines with the run's reward path: the trainer hands it its own
 generate-and-score, so an evaluation sample is produced and judged exactly like a training one,
 with its own sampling settings (``--eval-*``) and seeds that never meet the training ones.
+``rl-core eval`` (``rl_core.evaluate``) runs the same :meth:`Evaluation.run` on a model outside a
+run; it adds unbiased pass@k (:func:`pass_at_k`) when there are several samples per prompt.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from rl_core.config import TrainConfig
@@ -20,7 +24,14 @@ from rl_core.metrics import PhaseTimes
 from rl_core.rollout import SEED_EVAL, RolloutSettings, make_group
 from rl_core.sample import Sample, accuracy
 
-__all__ = ["Evaluation", "GenerateAndScore", "measure"]
+__all__ = [
+    "Evaluation",
+    "GenerateAndScore",
+    "measure",
+    "pass_at_k",
+    "pass_at_k_metrics",
+    "pass_k_values",
+]
 
 
 class GenerateAndScore(Protocol):
@@ -46,6 +57,8 @@ class Evaluation:
         self.data = data
         #: one record per evaluation: ``{"step": ..., "eval/...": ...}`` (the summary's lines)
         self.history: list[dict[str, Any]] = []
+        #: the samples of the latest evaluation (``rl-core eval`` writes them out)
+        self.last_samples: list[Sample] = []
 
     @property
     def before_training(self) -> bool:
@@ -86,6 +99,7 @@ class Evaluation:
         samples = await generate(
             groups, self.settings(rollout), seed_key=(SEED_EVAL, step), label="eval", times={}
         )
+        self.last_samples = samples
         out = measure(samples) | await verified_pass1(samples, "eval/")
         self.history.append({"step": step, **out})
         return out
@@ -109,3 +123,45 @@ def measure(samples: list[Sample]) -> dict[str, Any]:
         "eval/response_len_mean": statistics.fmean(s.response_length for s in samples),
         **rule_agreement(samples, [verdict_source(s) for s in samples], "eval/"),
     }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one prompt (Chen et al. 2021, "Evaluating Large Language Models
+    Trained on Code"): the chance that at least one of ``k`` samples drawn without replacement
+    from ``n``, ``c`` of them correct, is correct: ``1 - C(n-c, k) / C(n, k)``."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    # the product form of the ratio of binomials: no huge integers, no cancellation
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def pass_k_values(n: int) -> list[int]:
+    """The k reported for ``n`` samples per prompt: the powers of 2 up to ``n``, and ``n``."""
+    ks = [2**i for i in range(n.bit_length()) if 2**i <= n]
+    return ks if ks[-1] == n else [*ks, n]
+
+
+def pass_at_k_metrics(samples: Sequence[Sample], n: int, prefix: str = "eval/") -> dict[str, Any]:
+    """``{prefix}pass@k`` for each k of :func:`pass_k_values`, averaged over prompts.
+
+    A sample with a judge error has no verdict: it is left out (as from pass@1), so a prompt
+    counts with the samples that were scored; a prompt with fewer than k of them is left out of
+    pass@k for that k (``{prefix}pass@k_prompts`` says over how many prompts each is).
+    """
+    per_prompt: dict[int, list[float]] = {}
+    for s in samples:
+        a = accuracy(s) if s.reward is not None else None
+        if a is not None:
+            per_prompt.setdefault(s.group_id, []).append(a)
+    out: dict[str, Any] = {}
+    for k in pass_k_values(n):
+        values = [
+            pass_at_k(len(v), sum(1 for a in v if a >= 0.5), k)
+            for v in per_prompt.values()
+            if len(v) >= k
+        ]
+        out[f"{prefix}pass@{k}"] = statistics.fmean(values) if values else None
+        out[f"{prefix}pass@{k}_prompts"] = len(values)
+    return out

@@ -28,6 +28,7 @@ from rl_core.generated import GENERATED_SETS
 
 __all__ = [
     "check_data",
+    "check_data_file",
     "check_load",
     "check_models",
     "check_rewards",
@@ -92,29 +93,31 @@ def check_data(cfg: TrainConfig) -> None:
         ("--prompt-data", cfg.prompt_data),
         ("--eval-prompt-data", cfg.eval_prompt_data),
     ):
-        if spec is None:
-            continue
-        if spec in GENERATED_SETS:  # written at start-up, with the records' own keys
-            sample = GENERATED_SETS[spec]()[0]
-            try:
-                parse_record(record_json(sample), input_key=cfg.input_key, label_key=cfg.label_key)
-            except DataError as err:
-                raise ConfigError(
-                    f"{flag} {spec}: the generated records do not fit: {err}"
-                ) from None
-            continue
+        if spec is not None:
+            check_data_file(cfg, flag, spec)
+
+
+def check_data_file(cfg: TrainConfig, flag: str, spec: str) -> None:
+    """One data file (or ``gen:`` set) of ``flag``, as :func:`check_data` checks each."""
+    if spec in GENERATED_SETS:  # written at start-up, with the records' own keys
+        sample = GENERATED_SETS[spec]()[0]
         try:
-            load_prompt_data(
-                spec,
-                input_key=cfg.input_key,
-                label_key=cfg.label_key,
-                strict=cfg.strict_data,
-                limit=None if cfg.strict_data else 1,
-            )
+            parse_record(record_json(sample), input_key=cfg.input_key, label_key=cfg.label_key)
         except DataError as err:
-            raise ConfigError(f"{flag} {spec}: {err}") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"{flag} {spec}: cannot be read: {err}") from None
+            raise ConfigError(f"{flag} {spec}: the generated records do not fit: {err}") from None
+        return
+    try:
+        load_prompt_data(
+            spec,
+            input_key=cfg.input_key,
+            label_key=cfg.label_key,
+            strict=cfg.strict_data,
+            limit=None if cfg.strict_data else 1,
+        )
+    except DataError as err:
+        raise ConfigError(f"{flag} {spec}: {err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{flag} {spec}: cannot be read: {err}") from None
 
 
 # --- rewards ---------------------------------------------------------------------------------

@@ -431,10 +431,16 @@ async def start_services(
     console: Console,
     clock: PhaseClock,
     startup: PhaseTimes,
+    *,
+    trainer: bool = True,
 ) -> Services:
     """Engines first, then the trainer: on a shared GPU each role loads within its share. What
     sits on disjoint GPUs starts at the same time (a start is mostly waiting on processes,
-    imports and model loads); what shares a GPU starts one after another."""
+    imports and model loads); what shares a GPU starts one after another.
+
+    ``trainer=False`` (``rl-core eval``): the engines and judges of the plan, in its bundles,
+    and no trainer groups (``Services.groups`` is empty, the phases have no ``actor``).
+    """
     plan = cfg.plan
     prefix = f"rl-core-{uuid.uuid4().hex[:6]}:"
     instances = judge_specs(cfg) if cfg.genrm_enabled else {}
@@ -442,7 +448,7 @@ async def start_services(
     steps: StartSteps = {"rollout_engines": start_rollout_engines(realized, rollout, prefix)}
     if instances:
         steps["judge_service"] = start_judge_service(realized, instances, stack, cfg.genrm_port)
-    if plan.phases_overlap:  # fully-async: the trainer's GPUs are its own
+    if trainer and plan.phases_overlap:  # fully-async: the trainer's GPUs are its own
         steps["trainer"] = start_trainer_groups(cfg, realized, policy_path, prefix)
     if plan.shares_gpus("rollout", "genrm"):
         started = await start_in_turn(steps, clock, startup)
@@ -463,6 +469,8 @@ async def start_services(
         }
 
     phases = PhaseMachine(phases_from_plan(plan), participants)
+    if not trainer:
+        return Services(engines, judge_engines, {}, phases, judge)
     if plan.phases_overlap:
         groups = started["trainer"]
     else:

@@ -9,9 +9,11 @@ import logging
 import os
 import sys
 from collections.abc import Coroutine, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from rl_core.config import DESCRIPTION, ConfigError, add_train_args, parse_train_args
+
+T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-def _run(main: Coroutine[Any, Any, int]) -> int:
+def _run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run`` without its last step, waiting for the threads of the default executor:
     a blocking start-up call cut short by a signal (Serve's start, waiting on a Ray that is
     gone by then) may never return, and the command must still end."""

@@ -31,16 +31,10 @@ from rl_core.grpo.advantages import Advantages, sample_advantages
 from rl_core.judge_audit import rule_agreement, verdict_source
 from rl_core.metrics import MemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
 from rl_core.phases import PhaseMachine
-from rl_core.rewards import (
-    InlineRewards,
-    PostProcessContext,
-    RewardSetup,
-    check_judge_errors,
-    check_scored,
-    judgeable,
-)
-from rl_core.rollout import SEED_TRAIN, RolloutSettings, generate_groups, make_group
+from rl_core.rewards import RewardSetup, check_judge_errors, check_scored
+from rl_core.rollout import SEED_TRAIN, RolloutSettings, make_group
 from rl_core.sample import Sample, accuracy
+from rl_core.scoring import RolloutScorer, rollout_settings
 from rl_core.stopping import StopRequest
 from rl_core.weight_sync import ObjectStoreSync, WeightSync
 
@@ -192,20 +186,7 @@ class GRPOTrainer:
         self.weight_version = 0
         self.start_step = 0
         self.history: list[StepRecord] = []
-        self.settings = RolloutSettings(
-            n_samples_per_prompt=cfg.n_samples_per_prompt,
-            max_response_len=cfg.rollout_max_response_len,
-            temperature=cfg.rollout_temperature,
-            top_p=cfg.rollout_top_p,
-            top_k=cfg.rollout_top_k,
-            stop=tuple(cfg.rollout_stop or ()),
-            apply_chat_template=cfg.apply_chat_template,
-            max_prompt_len=cfg.rollout_max_prompt_len,
-            need_logprobs=cfg.use_tis,
-            # the run's seed reaches the rollout engines' sampling (not where they cannot honour it)
-            seed=cfg.seed if seeded else None,
-            keep_cut_off=cfg.keep_cut_off,
-        )
+        self.settings = rollout_settings(cfg, seeded=seeded)
         #: steps in a row that trained nothing (no sample in the loss)
         self._untrained_steps = 0
         #: rollout engine re-creations already counted in a step's metrics
@@ -465,63 +446,24 @@ class GRPOTrainer:
             with self.clock.timed("save", times):
                 await self.checkpoints.save(step + 1, self._state())
 
+    @property
+    def scorer(self) -> RolloutScorer:
+        """Generate-and-score on this run's engines and reward path (``rl_core.scoring``, shared
+        with the evaluations and ``rl-core eval``)."""
+        return RolloutScorer(self.engines, self.tokenizer, self.rewards, self.phases, self.clock)
+
     async def _generate_and_score(
-        self,
-        groups: list[list[Sample]],
-        settings: RolloutSettings,
-        *,
-        seed_key: tuple[int, int],
-        label: str,
-        times: PhaseTimes,
+        self, groups: list[list[Sample]], settings: RolloutSettings, **how: Any
     ) -> list[Sample]:
-        """Generate ``groups`` and score every sample: inline as each group finishes, or the
-        whole batch afterwards through the post-process hook; timed into ``times`` as ``label``
-        and ``reward_wait`` (inline: what the rewards still took after the rollout) or
-        ``reward``."""
-        inline = None
-        if not self.rewards.deferred:
-            assert self.rewards.inline_fn is not None
-            inline = InlineRewards(
-                self.rewards.inline_fn,
-                self.rewards.args,
-                reward_key=self.rewards.reward_key,
-                concurrency=self.rewards.concurrency,
-            )
-        n = sum(len(g) for g in groups)
-        with self.clock.phase(label, total=n, times=times) as advance:
-
-            def done(group: list[Sample]) -> None:
-                advance(len(group))
-                if inline is not None:
-                    inline.submit(judgeable(group))
-
-            await generate_groups(
-                self.engines, groups, self.tokenizer, settings, done, seed_key=seed_key
-            )
-        samples = [s for g in groups for s in g]
-        waited = "reward_wait" if inline is not None else "reward"
-        with self.clock.phase("reward", total=None, times=times, key=waited):
-            if inline is not None:
-                await inline.drain()
-            else:
-                assert self.rewards.post_process is not None and self.rewards.batch_fn is not None
-                ctx = PostProcessContext(
-                    self.rewards.args, self.phases, self.rewards.batch_fn, self.rewards.reward_key
-                )
-                await self.rewards.post_process(ctx, judgeable(samples))
-        return samples
+        """:class:`~rl_core.scoring.RolloutScorer` on this run's engines (a training step)."""
+        return await self.scorer(groups, settings, **how)
 
     async def _generate_awake(
         self, groups: list[list[Sample]], settings: RolloutSettings, **how: Any
     ) -> list[Sample]:
-        """:meth:`_generate_and_score` outside the step: the rollout engines are woken first,
-        and woken again after a deferred batch (whose scoring put them to sleep)."""
-        if self.phases.current != "inference":
-            await self.phases.enter("inference")
-        samples = await self._generate_and_score(groups, settings, **how)
-        if self.rewards.deferred:
-            await self.phases.enter("inference")
-        return samples
+        """:meth:`RolloutScorer.awake <rl_core.scoring.RolloutScorer.awake>`: outside a step,
+        on woken engines."""
+        return await self.scorer.awake(groups, settings, **how)
 
     def _check_staleness(self, batch: list[Sample], max_staleness: int) -> None:
         for s in batch:
