@@ -54,6 +54,7 @@ RECIPE = [
     "--rollout-batch-size", "8",
     "--n-samples-per-prompt", "4",
     "--lr", "3e-6",
+    "--overwrite-run-dir",
 ]  # fmt: skip
 
 REWARDS = {
