@@ -138,7 +138,7 @@ def _args(model, data, out, *extra):
     [
         ("no-model", "--hf-checkpoint {tmp}/missing: no such folder"),
         ("not-a-model", "--hf-checkpoint {tmp}: not a model folder"),
-        ("checkpoint", "a training checkpoint (--save folder), not a model folder"),
+        ("checkpoint", "give a --save folder (its latest step) or one of its step_* folders"),
         ("no-data", "--eval-prompt-data {tmp}/missing.jsonl: prompt data file"),
         ("bad-data", "--eval-prompt-data {tmp}/bad.jsonl: "),
         ("unknown-reward", "--rm-type nope: rm_type='nope'; registered:"),
@@ -256,22 +256,11 @@ def test_the_cli_lists_eval():
 # --- the training run's evaluation figure, reproduced ------------------------------------------
 
 
-def _model_folder_of(checkpoint, base, dest):
-    """The model folder of a torch-backend checkpoint: its ``model/`` (config and safetensors
-    as the trainer saved them) with the base model's tokenizer files beside it."""
-    import shutil
-
-    shutil.copytree(checkpoint / "model", dest)
-    for f in base.iterdir():
-        if f.is_file() and not (dest / f.name).exists():
-            shutil.copy(f, dest / f.name)
-    return dest
-
-
 @pytest.mark.slow
 async def test_eval_reproduces_the_runs_last_eval_figure(tmp_path, monkeypatch):
-    """A training run evaluates after its last step (greedy); ``rl-core eval --from-run`` on the
-    weights it saved gives exactly the figure the run logged."""
+    """A training run evaluates after its last step (greedy); ``rl-core eval --from-run`` on its
+    final checkpoint (exported to a model folder on the way) gives exactly the figure the run
+    logged."""
     from genrm_serve.testing import build_tiny_model
     from rl_core.config import parse_train_args
     from rl_core.data import make_easy_math, write_prompt_data
@@ -337,17 +326,16 @@ async def test_eval_reproduces_the_runs_last_eval_figure(tmp_path, monkeypatch):
     assert await run_training(cfg) == 0
     last = read_metrics(run)[-1]
     assert last["step"] == 1 and "eval/accuracy" in last
-    model = _model_folder_of(ckpt / "step_000001", base, tmp_path / "final")
-
     out = tmp_path / "eval-out"
-    # the run's own settings (its config.json), the saved weights
-    argv = ["--from-run", str(run), "--hf-checkpoint", str(model), "--out", str(out)]
+    # the run's own settings (its config.json), its final checkpoint (exported on the way)
+    argv = ["--from-run", str(run), "--hf-checkpoint", str(ckpt), "--out", str(out)]
     req = evaluate.parse_eval_args(argv)
     evaluate.preflight_eval(req)
     summary = await evaluate.run_eval(req)
     got = summary["metrics"]
     keys = ("accuracy", "reward_mean", "samples", "judge_errors", "response_len_mean")
-    for key in (f"eval/{k}" for k in (*keys, "judge_rule_agreement", "judge_rule_compared")):
+    audit = ("judge_rule_agreement", "judge_rule_compared", "verified_accuracy")
+    for key in (f"eval/{k}" for k in (*keys, *audit)):
         assert got[key] == last[key], (key, got, last)
     assert json.loads((out / "summary.json").read_text())["metrics"] == got
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]

@@ -19,6 +19,10 @@ model loads: one line, exit status 2.
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
+
 import argparse
 import asyncio
 import json
@@ -40,6 +44,7 @@ __all__ = [
     "DEFAULT_OUT",
     "EvalRequest",
     "check_model_input",
+    "is_checkpoint",
     "check_out",
     "model_input",
     "parse_eval_args",
@@ -175,26 +180,42 @@ def config_from_run(run_dir: str, argv: Sequence[str]) -> TrainConfig:
 # --- checks before anything starts ---------------------------------------------------------------
 
 
-def check_model_input(spec: str) -> None:
-    """``--hf-checkpoint`` names a model this command can evaluate: a transformers model folder
-    or ``embedded[:name]``. A training checkpoint (a ``--save`` folder) is refused with what to
-    do: it holds trainer state, not a model folder."""
+def is_checkpoint(spec: str) -> bool:
+    """Whether ``spec`` is a training checkpoint (a ``--save`` folder or one of its steps)."""
     from rl_core.checkpoints import LATEST, STATE_FILE
 
     path = Path(spec).expanduser()
-    if path.is_dir() and ((path / LATEST).is_file() or (path / STATE_FILE).is_file()):
-        raise ConfigError(
-            f"--hf-checkpoint {spec}: a training checkpoint (--save folder), not a model folder; "
-            "export its weights to a model folder first and evaluate that"
-        )
+    return path.is_dir() and ((path / LATEST).is_file() or (path / STATE_FILE).is_file())
+
+
+def check_model_input(spec: str) -> str:
+    """``--hf-checkpoint`` names a model this command can evaluate: a transformers model folder,
+    ``embedded[:name]``, or a training checkpoint of either backend, which is checked as
+    ``rl-core export`` checks it (its base model recorded and present), no weight read.
+    Returns the model folder the policy checks look at: for a checkpoint, its base model's."""
+    from rl_core.export import ExportError, find_export_source
+
+    if not is_checkpoint(spec):
+        return spec
+    try:
+        return str(find_export_source(spec).base_dir)
+    except ExportError as err:
+        raise ConfigError(f"--hf-checkpoint {spec}: {err}") from None
 
 
 def model_input(spec: str) -> str:
     """The local model folder to evaluate for ``--hf-checkpoint`` (``embedded[:name]`` becomes
     genrm-serve's cached copy). The one place that turns what the user named into a folder the
-    rollout engines load."""
+    rollout engines load. A training checkpoint is exported first, in fp32 (the trainer's own
+    weights, bit for bit), to a temporary folder removed when the command exits."""
     from rl_core.launch import resolve_model
 
+    if is_checkpoint(spec):
+        from rl_core.export import export_hf
+
+        tmp = Path(tempfile.mkdtemp(prefix="rl-core-eval-"))
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+        return str(export_hf(spec, tmp / "model", dtype="fp32"))
     return resolve_model(spec)
 
 
@@ -219,8 +240,8 @@ def preflight_eval(req: EvalRequest) -> None:
     from rl_core.preflight import check_data_file, check_models, check_rewards
 
     cfg = req.cfg
-    check_model_input(cfg.hf_checkpoint)
-    check_models(cfg)
+    policy = check_model_input(cfg.hf_checkpoint)
+    check_models(cfg.model_copy(update={"hf_checkpoint": policy}))
     # only the evaluation set is read: it alone is checked, whatever --prompt-data names
     assert cfg.eval_prompt_data is not None
     check_data_file(cfg, "--eval-prompt-data", cfg.eval_prompt_data)
