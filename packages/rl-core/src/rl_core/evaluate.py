@@ -19,15 +19,14 @@ model loads: one line, exit status 2.
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
-
 import argparse
 import asyncio
+import atexit
 import json
 import logging
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -44,8 +43,8 @@ __all__ = [
     "DEFAULT_OUT",
     "EvalRequest",
     "check_model_input",
-    "is_checkpoint",
     "check_out",
+    "is_checkpoint",
     "model_input",
     "parse_eval_args",
     "run_eval",
