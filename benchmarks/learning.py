@@ -123,16 +123,20 @@ def report() -> None:
 
     found = sorted(p for p in RUNS.glob("*-s*") if (p / "metrics.jsonl").exists())
     fig, (ax_eval, ax_reward) = plt.subplots(1, 2, figsize=(11, 4))
-    print("| run | eval pass@1 before | after | gain (pts) | mean training reward | steps | wall |")
+    print(
+        "| run | eval pass@1 before | after | gain (pts) | mean training reward | steps "
+        "| wall (first eval → last) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for path in found:
         evals, reward = curves(path)
         rows = metrics(path)
         wall = (rows[-1]["time"] - rows[0]["time"]) / 60
         (line,) = ax_eval.plot(*zip(*evals, strict=True), marker="o", label=path.name)
-        ax_reward.plot(
-            *zip(*reward, strict=True), color=line.get_color(), alpha=0.8, label=path.name
-        )
+        steps, values = zip(*reward, strict=True)
+        smooth = [statistics.fmean(values[max(0, i - 4) : i + 1]) for i in range(len(values))]
+        ax_reward.plot(steps, values, color=line.get_color(), alpha=0.25)
+        ax_reward.plot(steps, smooth, color=line.get_color(), label=f"{path.name} (5-step mean)")
         gain = 100 * (evals[-1][1] - evals[0][1])
         mean_r = statistics.fmean(r for _, r in reward)
         print(
