@@ -252,7 +252,9 @@ def _free_port():
 
 
 @pytest.mark.slow  # two spawned Megatron ranks: ~110 s on 2 busy cores
-def test_a_tensor_parallel_megatron_checkpoint_exports_the_trainers_weights(tmp_path):
+def test_a_tensor_parallel_megatron_checkpoint_exports_the_trainers_weights(
+    tmp_path, char_tokenizer
+):
     """TP = 2 ranks train a step and save (the shards gathered into one HF folder); the export
     holds the trainer's weights exactly and computes the Megatron policy's log-probs."""
     pytest.importorskip(
@@ -261,11 +263,10 @@ def test_a_tensor_parallel_megatron_checkpoint_exports_the_trainers_weights(tmp_
     import torch.multiprocessing as mp
     from megatron_tiny import qwen3_config, save_hf_model, train_items, two_rank_worker
 
-    from conftest import build_char_tokenizer
     from rl_core.backends.megatron.backend import MegatronBackend
 
     base = save_hf_model(qwen3_config(tied=False), tmp_path / "qwen3")
-    build_char_tokenizer().save_pretrained(base)
+    char_tokenizer.save_pretrained(base)
     out = tmp_path / "rank0.pt"
     mp.spawn(
         two_rank_worker,
