@@ -42,7 +42,10 @@ def test_evaluation_pass1_is_math_verifys_whatever_the_reward_said():
         _answered(2, " twelve?", 1.0),  # math-verify cannot read it: not a right answer
     ]
     got = asyncio.run(verified_pass1(samples, "eval/"))
-    assert got == {"eval/verified_accuracy": pytest.approx((0.5 + 0.0 + 0.0) / 3)}
+    assert got == {
+        "eval/verified_accuracy": pytest.approx((0.5 + 0.0 + 0.0) / 3),
+        "eval/verified_timeouts": 0,
+    }
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ disagreement: it gave no judgement where one was possible.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,18 +73,29 @@ async def verified_pass1(samples: Sequence[Sample], prefix: str) -> dict[str, An
     from genrm_rewards.rules import math_decide
     from genrm_rewards.samples import extract_answer, label_of, response_of
 
-    per_prompt: dict[int, list[float]] = {}
+    async def verdict(s: Sample, label: str) -> str:
+        rule = s.reward_details.get("rule")
+        if rule in ("equal", "not_equal", "undecided"):
+            return str(rule)
+        answer = extract_answer(response_of(s))
+        return await math_decide(label, answer, timeout_s=VERIFY_TIMEOUT_S)
+
+    checked: list[tuple[Sample, str]] = []
     for s in samples:
         if s.status == "aborted":  # never answered: nothing to verify, as in the loss
             continue
         try:
-            label = label_of(s)
+            checked.append((s, label_of(s)))
         except RewardInputError:  # a question without a reference has nothing to verify
             continue
-        rule = s.reward_details.get("rule")
-        if rule not in ("equal", "not_equal", "undecided"):
-            answer = extract_answer(response_of(s))
-            rule = await math_decide(label, answer, timeout_s=VERIFY_TIMEOUT_S)
+    # concurrently: math-verify's own bounded pool sets the pace, not one answer at a time
+    rules = await asyncio.gather(*(verdict(s, label) for s, label in checked))
+    per_prompt: dict[int, list[float]] = {}
+    for (s, _), rule in zip(checked, rules, strict=True):
         per_prompt.setdefault(s.group_id, []).append(float(rule == "equal"))
     means = [sum(v) / len(v) for v in per_prompt.values()]
-    return {f"{prefix}verified_accuracy": sum(means) / len(means) if means else None}
+    return {
+        f"{prefix}verified_accuracy": sum(means) / len(means) if means else None,
+        # a check that overran counts as wrong above; counted here so that is never silent
+        f"{prefix}verified_timeouts": sum(1 for rule in rules if rule == "timeout"),
+    }
