@@ -28,10 +28,9 @@ os.environ.setdefault("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "300")
 import contextlib
 import io
 import json
-import shutil
+import re
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -42,13 +41,14 @@ from typing import Any
 import httpx
 import pytest
 
-from genrm_serve.testing import free_port
 from rl_core.cli import main as rl_core_main
 from rl_core.config import parse_train_args
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples.generate_reward_model.*`, as --custom-rm-path names it
     sys.path.insert(0, str(ROOT))
+from examples.generate_reward_model import cpu_twin  # noqa: E402 - after the path
+
 EXAMPLE = ROOT / "examples" / "generate_reward_model"
 README = (EXAMPLE / "README.md").read_text(encoding="utf-8")
 README_ZH = (EXAMPLE / "README.zh.md").read_text(encoding="utf-8")
@@ -240,72 +240,10 @@ def test_troubleshooting_genrm_not_enabled() -> None:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """A fresh local Ray with 8 logical GPUs, ready for jobs; yields the dashboard's address.
-
-    Its own temp dir: Ray's job supervisor gives a job the cluster named in
-    ``<temp dir>/ray_current_cluster``, and under the shared ``/tmp/ray`` that is whichever
-    cluster any process on the machine started last (seen: a job landing on another cluster).
-
-    Its own dashboard-agent port: every Ray node's agent serves jobs on 52365 unless told
-    otherwise. With another Ray on the machine holding that port, this agent cannot bind it
-    (its dashboard_agent.log: "address already in use ... HTTP service will be disabled") and
-    every job submitted here fails with "No available agent to submit job". The first job
-    submitted here was also once seen dying with "Owner's node has crashed" while another
-    suite's cluster shut down (not reproduced since; possibly the same collision).
-    """
-    os.environ["PATH"] = _env()["PATH"]  # Ray's processes (and so the jobs) inherit it
-    import ray
-    from ray.cluster_utils import Cluster
-
-    temp_dir = tempfile.mkdtemp(prefix="ray-ex-", dir="/tmp")  # short: socket paths ≤ 107
-    _CLUSTER_TEMP_DIR[:] = [temp_dir]
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "temp_dir": temp_dir,
-            "num_cpus": 16,  # logical: placement bundles reserve one each, not real cores
-            "num_gpus": 8,
-            "include_dashboard": True,
-            "dashboard_port": free_port(),
-            "dashboard_agent_listen_port": free_port(),
-        },
-    )
-    # A job's driver finds its cluster through <temp_dir>/ray_current_cluster (Ray's job
-    # supervisor reads the file of its own temp dir; `ray start` writes it, this test cluster
-    # writes only the default temp dir's). Without it, with another Ray on the machine, the
-    # driver connected to that one ("cluster has 0 GPUs", or a node that was shutting down).
-    Path(temp_dir, "ray_current_cluster").write_text(cluster.address)
-    try:
-        ray.init(address=cluster.address, log_to_driver=False)
-        address = f"http://{cluster.webui_url}"
-        _wait_until_jobs_run(address, timeout_s=180)
+    """The twins' local Ray (8 logical GPUs, jobs on), started as the twin command starts it."""
+    with cpu_twin.local_ray() as (address, temp_dir):
+        _CLUSTER_TEMP_DIR[:] = [temp_dir]
         yield address
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        if not os.environ.get("GENRM_KEEP_RAY_LOGS"):
-            shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _wait_until_jobs_run(address: str, timeout_s: float) -> None:
-    """Submit a no-op job until one succeeds, as a user would after ``ray start``: the job API
-    answers before the node's agent has registered ("No available agent to submit job")."""
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
-    client = JobSubmissionClient(address)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            job = client.submit_job(entrypoint="true")
-            break
-        except RuntimeError as err:
-            if "No available agent" not in str(err) or time.monotonic() > deadline:
-                raise
-            time.sleep(1)
-    while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED}:
-        assert time.monotonic() < deadline, f"the no-op job is still {status}"
-        time.sleep(0.5)
-    assert status == JobStatus.SUCCEEDED, client.get_job_logs(job)
 
 
 #: the module cluster's Ray temp dir (its session logs explain a job that died)
@@ -329,20 +267,19 @@ def _ray_log_excerpt(lines: int = 40) -> str:
     return "\n".join(out)
 
 
-def _script(**kw: Any) -> str:
-    return "scripted:" + json.dumps(kw)
-
-
 # The verdicts are known in advance: quality says 1 when the quoted answer is "7", safety says 0
 # when the response mentions a bomb; "down" fails every call, "thinker" thinks out loud and is cut
 # off, "chatty" answers "Yes".
 JUDGES = {
-    "__default__": {"model_path": _script(default="0", replies={"| 7\n": "1"}), "num_gpus": 1},
-    "quality": {"model_path": _script(default="0", replies={"| 7\n": "1"}), "num_gpus": 1},
-    "safety": {"model_path": _script(default="1", replies={"bomb": "0"}), "num_gpus": 1},
-    "down": {"model_path": _script(default="1", fail_every=1), "num_gpus": 1},
-    "thinker": {"model_path": _script(default="<think>Let me compare the two"), "num_gpus": 1},
-    "chatty": {"model_path": _script(default="Yes"), "num_gpus": 1},
+    "__default__": {"model_path": cpu_twin.QUALITY_JUDGE, "num_gpus": 1},
+    "quality": {"model_path": cpu_twin.QUALITY_JUDGE, "num_gpus": 1},
+    "safety": {"model_path": cpu_twin.SAFETY_JUDGE, "num_gpus": 1},
+    "down": {"model_path": cpu_twin.scripted_judge(default="1", fail_every=1), "num_gpus": 1},
+    "thinker": {
+        "model_path": cpu_twin.scripted_judge(default="<think>Let me compare the two"),
+        "num_gpus": 1,
+    },
+    "chatty": {"model_path": cpu_twin.scripted_judge(default="Yes"), "num_gpus": 1},
 }
 
 
@@ -532,100 +469,14 @@ class TestAgainstTheService:
 # --- (c) a CPU-sized twin of each script: one step through the script and `ray job submit` ------
 
 #: what turns any script into its CPU twin (appended: the last value of a flag wins)
-TWIN_COMMON = [
-    "--device",
-    "cpu",
-    "--no-bf16",
-    "--rollout-engine",
-    "hf",
-    "--rollout-num-gpus-per-engine",
-    "1",
-    "--num-rollout",
-    "1",
-    "--rollout-batch-size",
-    "2",
-    "--n-samples-per-prompt",
-    "2",
-    "--global-batch-size",
-    "4",
-    "--rollout-max-response-len",
-    "4",
-    # the tiny random policy is cut off at the limit: train on it, so the twin trains and syncs
-    "--keep-cut-off",
-    "--max-tokens-per-gpu",
-    "512",
-    "--lr",
-    "1e-3",
-]
-_JUDGE = ["--genrm-engine", "scripted", "--genrm-num-gpus-per-engine", "1"]
-_QUALITY = _script(default="0", replies={"| 7\n": "1"})
-_SAFETY = _script(default="1", replies={"bomb": "0"})
-#: per layout: the smallest resource shape of its mode, and scripted judges
-TWINS = {
-    "run-qwen3-4B-8xgpu-colocated.sh": [
-        "--resource",
-        '{"actor": [1, 2], "rollout": [1, 1], "genrm": [1, 1]}',
-        "--genrm-model-path",
-        _QUALITY,
-        *_JUDGE,
-    ],
-    "run-qwen3-4B-8xgpu-async.sh": [
-        "--resource",
-        '{"actor": [1, 1], "rollout": [1, 1], "genrm": [1, 1]}',
-        "--genrm-model-path",
-        _QUALITY,
-        *_JUDGE,
-    ],
-    # the 35B split script is the colocated script's layout at another size: its flags and mode
-    # are checked above (test_script_flags_give_the_readme_mode), a twin would repeat this one
-    # two bundles: every role of the swap has two ranks or engines (the defer-swap layout run of
-    # rl-core's test_train_layouts.py, which this twin replaces)
-    DEFER: [
-        "--resource",
-        '{"actor": [1, 2], "rollout": [1, 2], "genrm": [1, 2]}',
-        "--genrm-model-path",
-        _QUALITY,
-        *_JUDGE,
-    ],
-    DUAL: [
-        "--resource",
-        '{"actor": [1, 3], "rollout": [1, 1], "genrm": [1, 2]}',
-        "--rollout-num-gpus",
-        "1",
-        "--genrm-instances",
-        json.dumps(
-            {
-                "quality": {"model_path": _QUALITY, "num_gpus": 1, "engine": "scripted"},
-                "safety": {
-                    "model_path": _SAFETY,
-                    "num_gpus": 1,
-                    "engine": "scripted",
-                    "sampling_config": {"chat_template_kwargs": {"enable_thinking": False}},
-                },
-            }
-        ),
-    ],
-}
+TWIN_COMMON = cpu_twin.COMMON
+TWINS = cpu_twin.TWINS
 
 
 @pytest.fixture(scope="module")
 def twin_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """EXP_DIR of the twins: the data where the scripts look, the tiny policy under every name."""
-    from genrm_serve.testing import build_tiny_model
-
-    root = tmp_path_factory.mktemp("exps")
-    policy = build_tiny_model(root / "tiny-policy")
-    for name in ("Qwen3-4B", "Qwen3.5-35B-A3B"):
-        (root / name).symlink_to(policy)
-    for rel, n in (("dapo-math-17k/dapo-math-17k.jsonl", 4), ("aime-2024/aime-2024.jsonl", 2)):
-        path = root / rel
-        path.parent.mkdir(parents=True)
-        with path.open("w") as f:
-            for i in range(n):
-                q = f"What is {i} + 7?"
-                f.write(json.dumps({"prompt": [{"role": "user", "content": q}], "label": i + 7}))
-                f.write("\n")
-    return root
+    return cpu_twin.build_files(tmp_path_factory.mktemp("exps"))
 
 
 def _stop_jobs_of(address: str, run_dir: Path, timeout_s: float = 60.0) -> None:
@@ -660,27 +511,24 @@ def test_cpu_twin_runs_one_step_through_the_script(
     from rl_core.metrics import read_metrics
 
     run_dir = twin_files / "runs" / script.removesuffix(".sh")
-    port = free_port()
-    env = _env(
-        EXP_DIR=str(twin_files),
-        RAY_ADDRESS=ray_cluster,
-        GENRM_PORT=str(port),
-        RUN_DIR=str(run_dir),
-    )
-    try:
+    try:  # the README's one command, on this module's Ray
         proc = subprocess.run(
-            ["bash", str(EXAMPLE / script), *TWIN_COMMON, *TWINS[script]],
-            env=env,
+            [sys.executable, "-m", "examples.generate_reward_model.cpu_twin", script,
+             "--exp-dir", str(twin_files)],
+            env=_env(RAY_ADDRESS=ray_cluster),
+            cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=840,
-        )
+        )  # fmt: skip
     finally:
         _stop_jobs_of(ray_cluster, run_dir)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:] + "\n" + _ray_log_excerpt()
-    assert f"curl http://localhost:{port}/genrm/health" in proc.stdout
-    assert f"judge service: http://127.0.0.1:{port}/genrm" in log
+    port = re.search(r"curl http://localhost:(\d+)/genrm/health", proc.stdout)
+    assert port, proc.stdout[-3000:]
+    assert f"judge service: http://127.0.0.1:{port[1]}/genrm" in log
+    assert re.search(r"cpu twin: step 1 trained [1-9]\d* tokens", proc.stdout), proc.stdout[-2000:]
     assert [r["step"] for r in read_metrics(run_dir)] == [1]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["plan"]["mode"] == MODES[script]
