@@ -5,9 +5,18 @@ Why here and not in each package: the marker is declared once, in the root ``pyp
 and this file is the root conftest that pytest loads for every test path, so one rule covers all
 packages. torch is imported only when some collected test carries the marker: genrm-client's tests
 (and its wheel-isolation test) must not pay for, or depend on, torch.
+
+It also holds the one fixture that tests of several packages share, ``wheel_kit``.
 """
 
 from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +39,110 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=NO_GPU_REASON)
     for item in gpu_items:
         item.add_marker(skip)
+
+
+class WheelKit:
+    """Building the workspace's wheels and installing them alone in a fresh venv.
+
+    The wheel-isolation tests of the published packages share it: each builds its wheels, puts
+    them in a venv with nothing else, and compares what got installed with the closure of the
+    installed metadata's ``Requires-Dist`` (so the tests do not go stale with versions).
+    """
+
+    #: installed into a fresh venv by ensurepip; not brought by any wheel
+    VENV_SEED = frozenset({"pip", "setuptools"})
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @staticmethod
+    def uv() -> list[str]:
+        """The uv that runs this test session (``uv run`` exports ``UV``), else one on PATH."""
+        if os.environ.get("UV"):
+            return [os.environ["UV"]]
+        return ["uv"] if shutil.which("uv") else [sys.executable, "-m", "uv"]
+
+    def build(self, out: Path, *packages: str) -> tuple[Path, list[str]]:
+        """The folder holding the wheels of ``packages``, and the install flags it needs.
+
+        Offline (``GENRM_WHEELHOUSE``, set by scripts/test-offline.sh) the wheelhouse already
+        holds them and their dependencies; else they are built here and their dependencies
+        come from uv's cache or the package registry.
+        """
+        wheelhouse = os.environ.get("GENRM_WHEELHOUSE")
+        if wheelhouse:
+            return Path(wheelhouse), ["--no-index", "--find-links", wheelhouse]
+        for package in packages:
+            subprocess.run(
+                [*self.uv(), "build", "--package", package, "--wheel", "-o", str(out)],
+                cwd=self.root,
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+        return out, []
+
+    def install(self, venv: Path, wheels: list[Path], index: list[str]) -> dict[str, str]:
+        """A fresh venv holding ``wheels`` and their dependencies alone; the environment to run
+        its python with. Offline, the venv's own pip; else uv, into a venv without pip."""
+        env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+        python = venv / "bin" / "python"
+        if index:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+            command = [str(python), "-m", "pip", "install", "--quiet"]
+            command.append("--disable-pip-version-check")
+        else:
+            subprocess.run(
+                [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+            )
+            command = [*self.uv(), "pip", "install", "--quiet", "--python", str(python)]
+        done = subprocess.run(
+            [*command, *index, *map(str, wheels)],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return env
+
+    @staticmethod
+    def installed(purelib: str) -> dict[str, Any]:
+        """The distributions installed in a venv's site-packages, by canonical name."""
+        import importlib.metadata as md
+
+        from packaging.utils import canonicalize_name
+
+        return {canonicalize_name(d.metadata["Name"]): d for d in md.distributions(path=[purelib])}
+
+    @staticmethod
+    def closure(installed: dict[str, Any], root: str) -> tuple[set[str], list[str]]:
+        """The distributions ``root`` requires, transitively (markers evaluated, extras
+        followed), and those of them that are missing."""
+        from packaging.requirements import Requirement
+        from packaging.utils import canonicalize_name
+
+        seen: set[tuple[str, frozenset[str]]] = set()
+        missing: list[str] = []
+        todo: list[tuple[str, frozenset[str]]] = [(root, frozenset())]
+        while todo:
+            name, extras = todo.pop()
+            if (name, extras) in seen:
+                continue
+            seen.add((name, extras))
+            dist = installed.get(name)
+            if dist is None:
+                missing.append(name)
+                continue
+            for raw in dist.requires or []:
+                req = Requirement(raw)
+                envs = [{"extra": e} for e in sorted(extras | {""})]
+                if req.marker is None or any(req.marker.evaluate(env) for env in envs):
+                    todo.append((canonicalize_name(req.name), frozenset(req.extras)))
+        return {name for name, _ in seen}, missing
+
+
+@pytest.fixture(scope="session")
+def wheel_kit() -> WheelKit:
+    """Build and install the workspace's wheels alone (the wheel-isolation tests)."""
+    return WheelKit(Path(__file__).resolve().parent)

@@ -10,13 +10,12 @@ built here. Installing each wheel alone in a fresh venv is the wheel-isolation t
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
@@ -106,16 +105,21 @@ def test_the_workflow_releases_the_published_packages_by_trusted_publishing() ->
     assert not any("password" in str(s.get("with", {})) for s in publish["steps"])
 
 
-def _uv() -> list[str]:
-    if os.environ.get("UV"):
-        return [os.environ["UV"]]
-    return ["uv"] if shutil.which("uv") else [sys.executable, "-m", "uv"]
-
-
 @pytest.mark.timeout(300)
-def test_the_built_wheel_has_the_metadata_an_index_page_needs(tmp_path: Path) -> None:
+def test_the_built_wheel_has_the_metadata_an_index_page_needs(
+    tmp_path: Path, wheel_kit: Any
+) -> None:
     subprocess.run(
-        [*_uv(), "build", "--package", "genrm-client", "--wheel", "--no-sources", "-o", tmp_path],
+        [
+            *wheel_kit.uv(),
+            "build",
+            "--package",
+            "genrm-client",
+            "--wheel",
+            "--no-sources",
+            "-o",
+            tmp_path,
+        ],
         cwd=ROOT,
         check=True,
         capture_output=True,

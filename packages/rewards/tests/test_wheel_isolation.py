@@ -11,14 +11,11 @@ that the ``math`` reward and dapo-genrm (with a stand-in judge) score a sample t
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
-import os
-import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -27,8 +24,6 @@ from packaging.utils import canonicalize_name
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DIRECT = {"genrm-client", "math-verify"}
 NEVER = {"torch", "ray", "transformers", "genrm-serve", "genrm-judge-train"}
-# Installed into a fresh venv by ensurepip (offline runs); not brought by the wheels.
-VENV_SEED = {"pip", "setuptools"}
 
 # Runs inside the fresh venv, from outside the repository: the imports must come from the wheels.
 PROBE = r"""
@@ -70,82 +65,14 @@ print(json.dumps({
 """
 
 
-def _uv() -> list[str]:
-    """The uv that runs this test session (``uv run`` exports ``UV``), else one on PATH."""
-    if os.environ.get("UV"):
-        return [os.environ["UV"]]
-    if shutil.which("uv"):
-        return ["uv"]
-    return ["python3", "-m", "uv"]
-
-
-def _wheels(tmp_path: Path) -> tuple[Path, Path, list[str]]:
-    """The two wheels, and how to install: from the wheelhouse offline (scripts/test-offline.sh
-    sets ``GENRM_WHEELHOUSE``), else built here and installed with uv from its cache or the
-    package registry."""
-    wheelhouse = os.environ.get("GENRM_WHEELHOUSE")
-    if wheelhouse:
-        dist_dir = Path(wheelhouse)
-    else:
-        dist_dir = tmp_path / "dist"
-        for package in ("genrm-rewards", "genrm-client"):
-            subprocess.run(
-                [*_uv(), "build", "--package", package, "--wheel", "-o", str(dist_dir)],
-                cwd=REPO_ROOT,
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
-    (rewards,) = dist_dir.glob("genrm_rewards-*.whl")
-    (client,) = dist_dir.glob("genrm_client-*.whl")
-    index = ["--no-index", "--find-links", str(dist_dir)] if wheelhouse else []
-    return rewards, client, index
-
-
-def _install(venv: Path, wheels: list[Path], index: list[str], env: dict[str, str]) -> None:
-    """Offline, the venv's own pip (as genrm-client's test); else uv, into a venv without pip."""
-    python = venv / "bin" / "python"
-    if index:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-        command = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    else:
-        subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
-        )
-        command = [*_uv(), "pip", "install", "--quiet", "--python", str(python)]
-    done = subprocess.run(
-        [*command, *index, *map(str, wheels)], capture_output=True, text=True, timeout=400, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-def _closure(installed: dict[str, md.Distribution], root: str) -> tuple[set[str], list[str]]:
-    """The distributions ``root`` requires, transitively (markers evaluated, extras followed),
-    and those of them that are missing."""
-    seen: set[tuple[str, frozenset[str]]] = set()
-    missing: list[str] = []
-    todo: list[tuple[str, frozenset[str]]] = [(root, frozenset())]
-    while todo:
-        name, extras = todo.pop()
-        if (name, extras) in seen:
-            continue
-        seen.add((name, extras))
-        dist = installed.get(name)
-        if dist is None:
-            missing.append(name)
-            continue
-        for raw in dist.requires or []:
-            req = Requirement(raw)
-            envs = [{"extra": e} for e in sorted(extras | {""})]
-            if req.marker is None or any(req.marker.evaluate(env) for env in envs):
-                todo.append((canonicalize_name(req.name), frozenset(req.extras)))
-    return {name for name, _ in seen}, missing
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_wheel_installs_with_only_genrm_client_and_math_verify(tmp_path: Path) -> None:
-    rewards, client, index = _wheels(tmp_path)
+def test_wheel_installs_with_only_genrm_client_and_math_verify(
+    tmp_path: Path, wheel_kit: Any
+) -> None:
+    dist_dir, index = wheel_kit.build(tmp_path / "dist", "genrm-rewards", "genrm-client")
+    (rewards,) = dist_dir.glob("genrm_rewards-*.whl")
+    (client,) = dist_dir.glob("genrm_client-*.whl")
     names = zipfile.ZipFile(rewards).namelist()
     assert {
         "genrm_rewards/py.typed",
@@ -156,8 +83,7 @@ def test_wheel_installs_with_only_genrm_client_and_math_verify(tmp_path: Path) -
     assert not [n for n in names if "judge_examples" in n or "judge_train" in n]
 
     venv = tmp_path / "venv"
-    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
-    _install(venv, [rewards, client], index, env)
+    env = wheel_kit.install(venv, [rewards, client], index)
     probe = subprocess.run(
         [str(venv / "bin" / "python"), "-c", PROBE],
         capture_output=True,
@@ -172,12 +98,13 @@ def test_wheel_installs_with_only_genrm_client_and_math_verify(tmp_path: Path) -
     assert report["math"] == [1.0, "ok"] and report["dapo_genrm"] == [1.0, "ok"]
     assert report["heavy_imported"] == []
 
-    dists = md.distributions(path=[report["purelib"]])
-    installed = {canonicalize_name(d.metadata["Name"]): d for d in dists}
+    installed = wheel_kit.installed(report["purelib"])
     requires = installed["genrm-rewards"].requires or []
     direct = {canonicalize_name(Requirement(r).name) for r in requires}
     assert direct == DIRECT
-    closure, missing = _closure(installed, "genrm-rewards")
+    closure, missing = wheel_kit.closure(installed, "genrm-rewards")
     assert missing == []
-    assert set(installed) - VENV_SEED == closure, "installed beyond genrm-rewards' closure"
+    assert set(installed) - wheel_kit.VENV_SEED == closure, (
+        "installed beyond genrm-rewards' closure"
+    )
     assert not NEVER & set(installed), NEVER & set(installed)
