@@ -6,7 +6,7 @@
 #
 # SGL_ARCHIVE: SGLang and its pure-Python dependencies, with transformers 5.12.1 in tf512/
 # (0.5.17 does not import under newer ones); unpacked once into $SGL_DIR (default /tmp/sgl).
-# WHEELS: GenRM's own wheels (`uv build --all-packages --wheel`) and what the host lacks
+# WHEELS (optional): GenRM's own wheels (`uv build --all-packages --wheel`) and what the host lacks
 # (pydantic-settings, python-dotenv; pytest-asyncio for the tests), installed into $SITE: the
 # packages must be installed, not on PYTHONPATH from source (they read their own versions).
 SGL_DIR=${SGL_DIR:-/tmp/sgl}
@@ -18,8 +18,11 @@ fi
 if [ -n "${FI_HEADERS:-}" ]; then
     tar -xJf "$FI_HEADERS" -C "$SGL_DIR"
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" "$WHEELS"/*.whl
+# WHEELS unset: SGLang alone (benchmarks/export_sglang.py check needs no GenRM package)
+if [ -n "${WHEELS:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$WHEELS"/*.whl
+fi
 export PYTHONPATH="$SITE:$SGL_DIR:$SGL_DIR/tf512${PYTHONPATH:+:$PYTHONPATH}"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} LIBRARY_PATH=/usr/local/cuda/lib64/stubs
 export LD_LIBRARY_PATH="/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
