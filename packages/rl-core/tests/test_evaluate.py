@@ -143,7 +143,7 @@ def _args(model, data, out, *extra):
         ("bad-data", "--eval-prompt-data {tmp}/bad.jsonl: "),
         ("unknown-reward", "--rm-type nope: rm_type='nope'; registered:"),
         ("bad-k", "--n-samples-per-eval-prompt = 0: Input should be greater than 0"),
-        ("out-not-empty", "--out {tmp}/out: not empty"),
+        ("out-not-empty", "--out {tmp}/out: exists and is not empty"),
         ("no-eval-set", "--eval-prompt-data is required"),
     ],
 )

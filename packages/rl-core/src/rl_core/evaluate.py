@@ -220,17 +220,12 @@ def model_input(spec: str) -> str:
 
 def check_out(out: Path, force: bool) -> None:
     """``--out`` is a folder that is absent or empty (or ``--force``) and can be written."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ConfigError(
-            f"--out {out}: not empty (an earlier evaluation?); choose another folder or pass "
-            "--force to write into it"
-        )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"--out {out}: cannot be created ({err.strerror or err})") from None
+    from rl_core.folders import folder_problem
+
+    hint = "an earlier evaluation? choose another folder or pass --force to write into it"
+    problem = folder_problem("--out", out, must_be_empty=True, force=force, if_not_empty=hint)
+    if problem:
+        raise ConfigError(problem)
 
 
 def preflight_eval(req: EvalRequest) -> None:

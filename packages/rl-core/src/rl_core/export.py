@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rl_core.checkpoints import STATE_FILE, checkpoint_path, read_checkpoint_state
+from rl_core.folders import folder_problem
 
 if TYPE_CHECKING:
     import torch
@@ -115,23 +116,10 @@ def _dtype_name(dtype: str) -> str:
 def check_out_dir(flag: str, out: str | Path, *, force: bool = False) -> None:
     """``out`` (given as ``flag``) may become the folder: absent, or an empty folder (or anything,
     with ``force``), and its parent writable. Raises :class:`ExportError`."""
-    out = Path(out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{flag} {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ExportError(
-            f"{flag} {out}: exists and is not empty; choose a new folder (or --force to replace it)"
-        )
-    parent = out.absolute().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        probe = parent / f".write-test-{uuid.uuid4().hex[:8]}"
-        probe.write_bytes(b"0")
-        probe.unlink()
-    except OSError as err:
-        raise ExportError(
-            f"{flag} {out}: {parent} is not writable ({err.strerror or err})"
-        ) from None
+    hint = "choose a new folder (or --force to replace it)"
+    problem = folder_problem(flag, out, must_be_empty=True, force=force, if_not_empty=hint)
+    if problem:
+        raise ExportError(problem)
 
 
 def _read_config(folder: Path) -> dict[str, Any]:

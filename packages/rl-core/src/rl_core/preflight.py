@@ -11,7 +11,6 @@ starts a model.
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 
 from rl_core.checkpoints import (
@@ -24,6 +23,7 @@ from rl_core.checkpoints import (
 )
 from rl_core.config import ConfigError, TrainConfig
 from rl_core.data import DataError, load_prompt_data, parse_record, record_json
+from rl_core.folders import folder_problem
 from rl_core.generated import GENERATED_SETS
 
 __all__ = [
@@ -224,19 +224,10 @@ def check_save(cfg: TrainConfig) -> None:
     checkpoint, by an estimate from the policy's size."""
     if cfg.save is None:
         return
+    problem = folder_problem("--save", cfg.save, must_be_empty=False, create=True)
+    if problem:
+        raise ConfigError(f"{problem}; checkpoints could not be written there")
     root = Path(cfg.save).expanduser()
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"--save {cfg.save}: exists and is not a folder")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-test-{uuid.uuid4().hex[:8]}"
-        probe.write_bytes(b"0")
-        probe.unlink()
-    except OSError as err:
-        raise ConfigError(
-            f"--save {cfg.save}: not writable ({err.strerror or err}); checkpoints could not be "
-            "written there"
-        ) from None
     folder = _policy_folder(cfg)
     needed = estimate_checkpoint_bytes(folder) if folder is not None else None
     if needed is None:
