@@ -98,6 +98,7 @@ async def test_the_embedded_gemma_judges_through_the_client(service: str) -> Non
     assert full.meta.route_key == "gemma" and full.meta.engine_id == "gemma/0"
     assert full.meta.prompt_tokens is not None and full.meta.prompt_tokens > 20
     assert full.meta.completion_tokens is not None and 1 <= full.meta.completion_tokens <= 2
+    assert full.meta.cached_prompt_tokens == 0  # a lone request shares its prompt with none
     assert len(texts) == 4
 
 

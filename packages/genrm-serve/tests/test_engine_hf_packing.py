@@ -203,9 +203,12 @@ async def test_multi_group_batch_reports_shared_prefix_tokens(engine: HFEngine) 
     for g in range(4):
         head = [5 + g, *_ids(gen, 63)]
         prompts += [head + _ids(gen, 8) for _ in range(4)]
+    prompts.append([4, *_ids(gen, 20)])  # a loner shares nothing
     before = engine.counters["prefix_shared_tokens"]
-    await engine.generate([_request(p, 1) for p in prompts])
+    outs = await engine.generate([_request(p, 1) for p in prompts])
     assert engine.counters["prefix_shared_tokens"] - before == 4 * 3 * 64
+    # each row says how much of its prompt was computed with others (its group's 64 tokens)
+    assert [o.extra["cached_prompt_tokens"] for o in outs] == [64] * 16 + [0]
 
 
 async def test_a_compiled_layer_is_one_graph_and_gives_the_same_outputs(tmp_path: Path) -> None:

@@ -823,6 +823,8 @@ async def test_warm_ups_go_out_in_waves(grouped_engine: Started) -> None:
     assert engine.counters["prefix_warmups"] == 4
     assert engine.counters["prefix_warm_tokens"] == 4 * 120
     assert engine.counters["cached_prompt_tokens"] == 16 * 120  # each member: its run, no more
+    # and each says so in its own output (the service puts it in the reply's meta)
+    assert [o.extra["cached_prompt_tokens"] for o in outs] == [120] * 16
 
 
 async def test_a_rollout_s_samples_go_out_at_once_and_a_judge_s_are_warmed(

@@ -128,6 +128,9 @@ class GenerateMeta(_Reply):
     #: With ``sampling_params.logprob_verdict``: ``P("1") / (P("1") + P("0"))`` at the first
     #: reply position, from the same forward pass as the reply.
     verdict_prob: float | None = None
+    #: Prompt tokens this request did not compute alone: SGLang's radix-cache hits, the hf
+    #: engine's tokens shared with other requests of its batch. None: the engine does not say.
+    cached_prompt_tokens: int | None = None
 
 
 class GenerateResponse(_Reply):

@@ -276,6 +276,7 @@ def _meta(router: InstanceRouter, slot: EngineSlot, out: EngineOutput) -> dict[s
         engine_id=str(out.extra.get("engine_id", slot.engine_id)),
         engine_latency_s=out.latency_s,
         verdict_prob=out.extra.get("verdict_prob"),
+        cached_prompt_tokens=out.extra.get("cached_prompt_tokens"),
     )
     return meta.model_dump(exclude_none=True)
 

@@ -43,6 +43,8 @@ class Row:
     text: str = ""
     #: with ``sampling.logprob_verdict``: P("1") / (P("1") + P("0")) at the first reply token
     verdict_prob: float | None = None
+    #: prompt tokens computed once with other rows of its chunk (the shared prefix)
+    shared_prompt_tokens: int = 0
 
     def hits_stop(self, text: str) -> bool:
         """Whether ``text`` (the reply so far) contains one of the request's stop strings."""
@@ -84,7 +86,7 @@ class Row:
             completion_tokens=len(self.tokens),
             latency_s=elapsed,
             weight_version=weight_version,
-            extra=dict(extra),
+            extra={**extra, "cached_prompt_tokens": self.shared_prompt_tokens},
         )
         if self.verdict_prob is not None:
             out.extra["verdict_prob"] = self.verdict_prob

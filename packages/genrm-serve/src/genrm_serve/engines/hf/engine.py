@@ -667,6 +667,8 @@ class HFEngine(Engine):
         if any(r.max_new > 1 for r in rows):
             plan.captured = {}
         self.counters["prefix_shared_tokens"] += plan.shared_tokens
+        for row, shared in zip(rows, plan.shared_per_row(), strict=True):
+            row.shared_prompt_tokens = shared
         self.counters["forward_tokens"] += plan.num_tokens
         ends = sorted(set(plan.last_index))
         keep = torch.tensor(ends, dtype=torch.long, device=self.device)

@@ -138,6 +138,25 @@ class PackedPlan:
         """Per depth, the contiguous run and boundaries of the variable-length flash path."""
         return _runs(self.depths, self.input_ids.device)
 
+    def shared_per_row(self) -> list[int]:
+        """Per row: its prompt tokens that lie in a node another row also passes through, i.e.
+        computed once for several rows (what the row reports as ``cached_prompt_tokens``)."""
+        rows_through: dict[int, int] = {}
+        for node in self.row_node:
+            cur: PrefixNode | None = node
+            while cur is not None:
+                rows_through[id(cur)] = rows_through.get(id(cur), 0) + 1
+                cur = cur.parent
+        shared = []
+        for node in self.row_node:
+            n, cur = 0, node
+            while cur is not None:
+                if rows_through[id(cur)] > 1:
+                    n += len(cur.tokens)
+                cur = cur.parent
+            shared.append(n)
+        return shared
+
     def row_paths(self, rows: list[int], device: torch.device) -> tuple[torch.Tensor, list[int]]:
         """``[len(rows), max_len]`` packed indices of each row's whole prompt, and the lengths."""
         paths = [_path(self.row_node[r]) for r in rows]

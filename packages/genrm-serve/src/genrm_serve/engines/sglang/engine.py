@@ -526,7 +526,8 @@ class SGLangEngine(Engine):
     def _output(self, request: EngineRequest, prep: _Prepared, out: dict[str, Any]) -> EngineOutput:
         prompt = prep.ids
         meta = out.get("meta_info", {})
-        self.counters["cached_prompt_tokens"] += int(meta.get("cached_tokens") or 0)
+        cached = int(meta.get("cached_tokens") or 0)  # the radix cache's hits
+        self.counters["cached_prompt_tokens"] += cached
         finish, abort_message = _finish_reason(meta)
         lp_entries = meta.get("output_token_logprobs") or []
         token_ids = out.get("output_ids")
@@ -538,7 +539,11 @@ class SGLangEngine(Engine):
             prompt_tokens=int(meta.get("prompt_tokens", len(prompt))),
             completion_tokens=int(meta.get("completion_tokens", len(token_ids))),
             weight_version=self.weight_version,
-            extra={"route_key": self.spec.route_key, "engine_id": self.engine_id},
+            extra={
+                "route_key": self.spec.route_key,
+                "engine_id": self.engine_id,
+                "cached_prompt_tokens": cached,
+            },
         )
         if abort_message:
             result.extra["abort"] = abort_message
