@@ -17,7 +17,13 @@ from genrm_serve.config import EngineConfig, InstanceSpec
 from genrm_serve.engines.base import EngineError
 from genrm_serve.engines.hf import HFEngine
 from genrm_serve.engines.sglang import SGLangEngine, launch
-from genrm_serve.engines.wake_check import LOGPROB_TOLERANCE, PROBE_TOKENS, probe_token_ids
+from genrm_serve.engines.wake_check import (
+    HALF_LOGPROB_TOLERANCE,
+    LOGPROB_TOLERANCE,
+    PROBE_TOKENS,
+    logprob_tolerance,
+    probe_token_ids,
+)
 from genrm_serve.testing import FakeSGLangEngine, build_tiny_model
 
 
@@ -50,6 +56,26 @@ def test_probe_ids_fit_any_vocabulary_and_context() -> None:
     assert ids == probe_token_ids(512, 8192)  # fixed
     assert len(probe_token_ids(3, 10)) == 5 and max(probe_token_ids(3, 10)) < 3
     assert LOGPROB_TOLERANCE == 0.02
+
+
+def test_half_precision_logits_get_the_wider_bound() -> None:
+    """bf16 logits of magnitude 16–32 lie 0.125 apart: a 0.02 bound failed intact weights."""
+    assert logprob_tolerance("torch.float32") == LOGPROB_TOLERANCE
+    assert logprob_tolerance("torch.bfloat16") == logprob_tolerance("float16")
+    assert logprob_tolerance("bfloat16") == HALF_LOGPROB_TOLERANCE > 2 * 0.125
+
+
+async def test_a_bf16_hf_engine_checks_its_wake_with_the_half_bound(tiny_dir: Path) -> None:
+    spec = _spec(tiny_dir, "hf", device="cpu", dtype="bfloat16")
+    engine = HFEngine(spec, "judge/0")
+    await engine.start()
+    try:
+        assert engine.wake_check.tolerance == HALF_LOGPROB_TOLERANCE
+        await engine.sleep()
+        await engine.wake()
+        assert engine.state == "awake" and engine.counters["wake_check_failures"] == 0
+    finally:
+        await engine.shutdown()
 
 
 # -- hf ------------------------------------------------------------------------------------------

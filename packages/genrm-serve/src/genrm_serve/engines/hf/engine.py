@@ -75,7 +75,7 @@ from genrm_serve.engines.hf.packing import (
 )
 from genrm_serve.engines.hf.sampling import RowSampling, sample
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
-from genrm_serve.engines.wake_check import WakeCheck
+from genrm_serve.engines.wake_check import WakeCheck, logprob_tolerance
 from genrm_serve.engines.weights import (
     BucketMeta,
     HostOffloader,
@@ -259,6 +259,7 @@ class HFEngine(Engine):
         self.model_dir = resolve_model_path(self.spec.model_path)
         self.device = _resolve_device(cfg.device)
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
+        self.wake_check.tolerance = logprob_tolerance(str(self.dtype))  # the logits' dtype
         if self.device.type == "cpu":
             # Ray sets OMP_NUM_THREADS=1 in an actor with fractional CPUs, which would halve a
             # CPU engine on the 2-core machines; use the cores this process may run on instead.
