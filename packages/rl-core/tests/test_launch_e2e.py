@@ -84,6 +84,19 @@ async def test_train_two_steps_from_flags(tmp_path, monkeypatch):
     ]
     judged = [r["verdicts/judge"] + r.get("verdicts/judge_cache", 0) for r in records]
     assert judged == [8, 8], counted
+    # each judge call is on its sample's line, with who answered and how long it took
+    for r in records:
+        assert r["judge/calls"] == r["verdicts/judge"]  # a cached verdict is no new call
+        assert r["judge/calls_per_sample"] == r["judge/calls"] / 8
+        assert 0 <= r["judge/latency_p50_s"] <= r["judge/latency_p99_s"]
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "samples" / "step_000001.jsonl").open()
+    ]
+    calls = [c for row in rows for c in row["details"]["judge_calls"]]
+    fresh = [c for c in calls if c.get("cache") != "hit"]
+    assert len(fresh) == records[0]["judge/calls"]
+    assert {c["engine"] for c in fresh} == {"__default__/0"}
+    assert all(c["reply"] in ("0", "1") and c["score"] == float(c["reply"]) for c in calls)
     assert records[-1]["weights/version"] == 2
     assert records[-1]["eval/samples"] == 4
     for name in ("reward.png", "accuracy.png", "length.png", "config.json"):

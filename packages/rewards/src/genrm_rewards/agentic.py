@@ -20,6 +20,7 @@ from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.errors import RewardConfigError, RewardInputError
 from genrm_rewards.judge import JudgeCall, Judging, prefix_key
 from genrm_rewards.quoting import neutralise, quote_untrusted
+from genrm_rewards.records import records_of
 from genrm_rewards.samples import question_of
 from genrm_rewards.types import JudgeClient, RewardResult, SampleLike
 
@@ -145,6 +146,7 @@ async def compute_score(
             "status": "judge_error",
             "error": "; ".join(f"{o.route_key}: {o.error}" for o in failed),
             "details": details,
+            "judge_calls": records_of(outcomes),
         }
     scores = [o.verdict.score for o in outcomes if o.verdict is not None]
     score = _aggregate(scores, settings.agentic_aggregation)
@@ -155,4 +157,5 @@ async def compute_score(
         "pred": " ".join(str(int(s)) for s in scores),
         "status": "ok" if clean else "unparsed",
         "details": details,
+        "judge_calls": records_of(outcomes),
     }

@@ -180,7 +180,7 @@ def _gate_hit_result(settings: RewardArgs) -> RewardResult:
 def _finish(
     outcome: JudgeOutcome, prep: _Prepared, gate: GateState, cache: CacheState
 ) -> RewardResult:
-    result = outcome.to_result()
+    result = (outcome.reused() if cache == "hit" else outcome).to_result()
     result["gate"] = gate
     result["cache"] = cache
     if prep.truncated:

@@ -18,6 +18,7 @@ from genrm_rewards.dapo_genrm import PROMPT_VERSION, build_messages
 from genrm_rewards.errors import RewardInputError
 from genrm_rewards.judge import JudgeCall, JudgeOutcome, Judging, prefix_key
 from genrm_rewards.quoting import neutralise, quote_untrusted
+from genrm_rewards.records import records_of
 from genrm_rewards.samples import label_of, question_of, response_of
 from genrm_rewards.types import JudgeClient, RewardResult, SampleLike
 
@@ -132,6 +133,7 @@ async def compute_score(
         ),
     )
     details = {"quality": _part(quality), "safety": _part(safety), "combine": settings.dual_combine}
+    calls = records_of([quality, safety])
     if quality.verdict is None or safety.verdict is None:
         failed = [n for n, o in (("quality", quality), ("safety", safety)) if o.failed]
         errors = "; ".join(f"{n}: {(quality if n == 'quality' else safety).error}" for n in failed)
@@ -142,6 +144,7 @@ async def compute_score(
             "status": "judge_error",
             "error": errors,
             "details": details,
+            "judge_calls": calls,
         }
     score = combine(quality.verdict.score, safety.verdict.score, settings)
     clean = quality.verdict.status == "ok" and safety.verdict.status == "ok"
@@ -151,4 +154,5 @@ async def compute_score(
         "pred": f"quality={quality.verdict.pred!r} safety={safety.verdict.pred!r}",
         "status": "ok" if clean else "unparsed",
         "details": details,
+        "judge_calls": calls,
     }

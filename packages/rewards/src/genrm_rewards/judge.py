@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from genrm_client import GenRMError, get_genrm_client
 from genrm_client.types import GenerateRequest, GenerateResponse, Message, SamplingParams
 from genrm_rewards.args import RewardArgs
+from genrm_rewards.records import JudgeRecord, make_record
 from genrm_rewards.types import JudgeClient, RewardResult, judge_error_result
 from genrm_rewards.verdict import Verdict, parse_verdict
 
@@ -57,16 +59,25 @@ class JudgeOutcome:
     verdict: Verdict | None
     error: str | None
     route_key: str | None
+    #: the call's record (``records``): engine, tokens, latency, raw reply, parsed verdict
+    record: JudgeRecord | None = None
 
     @property
     def failed(self) -> bool:
         """The call failed after the client's retries (no verdict)."""
         return self.verdict is None
 
+    def reused(self) -> JudgeOutcome:
+        """This outcome handed to another sample by the verdict cache: its record says that no
+        new call was made."""
+        if self.record is None:
+            return self
+        return replace(self, record={**self.record, "cache": "hit"})
+
     def to_result(self) -> RewardResult:
         """The reward dict: ``{"score", "acc", "pred", "status", ...}``."""
         if self.verdict is None:
-            return {
+            failed: RewardResult = {
                 "score": None,
                 "acc": None,
                 "pred": None,
@@ -74,6 +85,9 @@ class JudgeOutcome:
                 "route_key": self.route_key,
                 "error": self.error or "judge call failed",
             }
+            if self.record is not None:
+                failed["judge_calls"] = [self.record]
+            return failed
         result: RewardResult = {
             "score": self.verdict.score,
             "acc": int(self.verdict.score >= 0.5),
@@ -83,6 +97,8 @@ class JudgeOutcome:
         }
         if self.verdict.reason is not None:
             result["details"] = {"unparsed_reason": self.verdict.reason}
+        if self.record is not None:
+            result["judge_calls"] = [self.record]
         return result
 
 
@@ -90,21 +106,42 @@ class JudgeOutcome:
 VerdictMode = Literal["strict", "logprob"]
 
 
+def _with_verdict(outcome: JudgeOutcome) -> JudgeOutcome:
+    """The outcome with its verdict (or failure) written into its record too."""
+    if outcome.record is None:
+        return outcome
+    record: JudgeRecord = {**outcome.record}
+    if outcome.verdict is not None:
+        record["verdict"] = outcome.verdict.pred
+        record["score"] = outcome.verdict.score
+        record["status"] = outcome.verdict.status
+    else:
+        record["verdict"] = record["score"] = None
+        record["status"] = "judge_error"
+        record["error"] = outcome.error or "judge call failed"
+    return replace(outcome, record=record)
+
+
 def _outcome(
-    reply: GenerateResponse, route_key: str | None, lenient: bool, verdict: VerdictMode
+    reply: GenerateResponse,
+    route_key: str | None,
+    lenient: bool,
+    verdict: VerdictMode,
+    latency_s: float,
 ) -> JudgeOutcome:
+    record = make_record(route_key, latency_s, reply=reply.response, meta=reply.meta)
     parsed = parse_verdict(reply.response, lenient=lenient)
     if verdict == "strict":
-        return JudgeOutcome(parsed, None, route_key)
+        return _with_verdict(JudgeOutcome(parsed, None, route_key, record))
     prob = reply.meta.verdict_prob if reply.meta is not None else None
     if prob is None:  # never a silent 0: this judge cannot give the soft score
-        return JudgeOutcome(
-            None,
+        error = (
             "genrm_verdict='logprob' but the judge's reply has no meta.verdict_prob (its engine "
-            "does not compute logprob verdicts; the hf engine does)",
-            route_key,
+            "does not compute logprob verdicts; the hf engine does)"
         )
-    return JudgeOutcome(Verdict(float(prob), "ok", parsed.pred), None, route_key)
+        return _with_verdict(JudgeOutcome(None, error, route_key, record))
+    soft = Verdict(float(prob), "ok", parsed.pred)
+    return _with_verdict(JudgeOutcome(soft, None, route_key, record))
 
 
 def default_client() -> JudgeClient:
@@ -113,8 +150,9 @@ def default_client() -> JudgeClient:
     return client
 
 
-def _failed(err: BaseException, route_key: str | None) -> JudgeOutcome:
-    return JudgeOutcome(None, judge_error_result(err)["error"], route_key)
+def _failed(err: BaseException, route_key: str | None, latency_s: float) -> JudgeOutcome:
+    error = judge_error_result(err)["error"]
+    return JudgeOutcome(None, error, route_key, make_record(route_key, latency_s, error=error))
 
 
 async def judge_one(
@@ -132,16 +170,24 @@ async def judge_one(
         )
         return outcome
     params = sampling_params.model_dump(exclude_none=True) if sampling_params else None
+    # the whole reply (its meta names the engine and the tokens) where the client gives it: a
+    # stand-in client that has only ``generate`` still works, its records without the meta
+    full = getattr(client, "generate_full", None)
+    started = time.perf_counter()
     try:
-        reply = await client.generate(
-            call.messages,
-            sampling_params=params,
-            route_key=call.route_key,
-            prefix_key=call.prefix_key,
-        )
+        if full is not None:
+            reply = await full(call.messages, params, call.route_key, prefix_key=call.prefix_key)
+        else:
+            text = await client.generate(
+                call.messages,
+                sampling_params=params,
+                route_key=call.route_key,
+                prefix_key=call.prefix_key,
+            )
+            reply = GenerateResponse(response=text)
     except GenRMError as err:
-        return _failed(err, call.route_key)
-    return JudgeOutcome(parse_verdict(reply, lenient=lenient), None, call.route_key)
+        return _failed(err, call.route_key, time.perf_counter() - started)
+    return _outcome(reply, call.route_key, lenient, "strict", time.perf_counter() - started)
 
 
 async def judge_many(
@@ -183,10 +229,13 @@ async def judge_many(
         )
         for call in calls
     ]
+    started = time.perf_counter()
     try:
         replies = await client.generate_batch(requests)
     except GenRMError as err:
-        return [_failed(err, call.route_key) for call in calls]
+        latency = time.perf_counter() - started
+        return [_failed(err, call.route_key, latency) for call in calls]
+    latency = time.perf_counter() - started
     if len(replies) != len(calls):
         raise RuntimeError(
             f"generate_batch returned {len(replies)} results for {len(calls)} requests"
@@ -194,9 +243,9 @@ async def judge_many(
     outcomes: list[JudgeOutcome] = []
     for call, reply in zip(calls, replies, strict=True):
         if isinstance(reply, GenerateResponse):
-            outcomes.append(_outcome(reply, call.route_key, lenient, verdict))
+            outcomes.append(_outcome(reply, call.route_key, lenient, verdict, latency))
         elif isinstance(reply, GenRMError):
-            outcomes.append(_failed(reply, call.route_key))
+            outcomes.append(_failed(reply, call.route_key, latency))
         else:
             raise TypeError(f"generate_batch returned {type(reply).__name__}, not a response")
     return outcomes

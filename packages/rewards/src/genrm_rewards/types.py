@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol, Required, TypedDict
 
 from genrm_client import GenRMError
 from genrm_client.types import GenerateRequest, GenerateResponse
+from genrm_rewards.records import JudgeRecord
 
 __all__ = [
     "BatchRewardFn",
@@ -85,6 +86,8 @@ class RewardResult(TypedDict, total=False):
     error: str
     #: function-specific parts: dual judge scores, per-step verdicts, ...
     details: dict[str, Any]
+    #: every judge call made for this sample, in order (``records.JudgeRecord``)
+    judge_calls: list[JudgeRecord]
 
 
 class JudgeClient(Protocol):

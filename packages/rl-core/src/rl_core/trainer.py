@@ -29,6 +29,7 @@ from rl_core.engines import EngineHandle, StaleWeightsError
 from rl_core.evaluation import Evaluation
 from rl_core.grpo.advantages import Advantages, sample_advantages
 from rl_core.judge_audit import rule_agreement, verdict_source
+from rl_core.judge_calls import judge_call_stats
 from rl_core.metrics import MemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
 from rl_core.phases import PhaseMachine
 from rl_core.rewards import RewardSetup, check_judge_errors, check_scored
@@ -409,6 +410,7 @@ class GRPOTrainer:
         )
         verdicts = Counter(verdict_source(s) for s in batch)
         metrics.update({f"verdicts/{k}": v for k, v in verdicts.items()})
+        metrics.update(judge_call_stats(batch))
         if errors:
             logger.warning(
                 "step %d: %d of %d samples have no reward (judge_error, kept out of the loss); "
