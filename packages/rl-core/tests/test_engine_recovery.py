@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from genrm_serve import EngineGoneError
+from genrm_serve import EngineFailedError, EngineGoneError
 from rl_core.engine_recovery import RecoverableEngine, engine_restarts
 
 
@@ -17,12 +17,18 @@ class FakeEngine:
 
     def __init__(self, name: str = "rollout-0") -> None:
         self.name, self.dead, self.version, self.asleep = name, False, 0, False
+        self.failed, self.killed = False, False
         self.calls: list[str] = []
 
     def _check(self, what: str) -> None:
         self.calls.append(what)
         if self.dead:
             raise EngineGoneError(self.name, RuntimeError("killed by ray.kill"))
+        if self.failed:
+            raise EngineFailedError(f"engine {self.name}: wake check failed")
+
+    async def kill(self) -> None:
+        self.killed = True
 
     async def generate_many(self, requests: list[Any]) -> list[str]:
         await asyncio.sleep(0.01)
@@ -84,3 +90,22 @@ async def test_without_a_weight_source_a_death_is_raised() -> None:
     with pytest.raises(EngineGoneError):
         await engine.generate_many([1])
     assert engine.restarts == 0
+
+
+async def test_an_engine_that_failed_its_wake_check_is_ended_and_replaced() -> None:
+    old, made = FakeEngine(), []
+
+    async def factory(attempt: int) -> Any:
+        made.append(attempt)
+        return FakeEngine()
+
+    engine = RecoverableEngine(old, factory)  # type: ignore[arg-type]
+    engine.weights = lambda: asyncio.sleep(0, "weights-v2")
+    await engine.update_weights("w", 2)
+    await engine.sleep()
+    old.failed = True  # alive, but its weights did not survive the sleep
+    await engine.wake()
+    assert old.killed and made == [1] and engine.restarts == 1
+    new = engine.engine
+    assert new.version == 2 and not new.asleep  # type: ignore[attr-defined]
+    assert new.calls == ["update_weights", "weight_version", "sleep", "wake"]  # type: ignore[attr-defined]

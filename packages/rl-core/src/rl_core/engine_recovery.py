@@ -7,7 +7,9 @@ engine stood (the trainer, the phases, the weight sync hold it). A call that fin
 it, brings it to the state the old one was in (the last weight version it was sent, asleep or
 awake), and makes the call again. A group's requests are all one call, and a group's samples are
 filled only from its answer, so the step ends with every sample once. Concurrent calls that meet
-the same death share one re-creation.
+the same death share one re-creation. An engine that is alive but marked itself failed
+(``EngineFailedError``: its wake check found weights that did not survive a sleep) is ended and
+re-created the same way: it must not serve again.
 
 Weights reach the new engine through the object store (rank 0's state dict, as
 :class:`~rl_core.weight_sync.ObjectStoreSync` sends them): only the object-store weight path
@@ -25,7 +27,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from genrm_serve import EngineGoneError, EngineOutput, EngineRequest, RemoteEngine
+from genrm_serve import (
+    EngineFailedError,
+    EngineGoneError,
+    EngineOutput,
+    EngineRequest,
+    RemoteEngine,
+)
 
 __all__ = ["RecoverableEngine", "engine_restarts"]
 
@@ -68,7 +76,7 @@ class RecoverableEngine:
 
     # ---- recovery ------------------------------------------------------------------------------
 
-    async def _recover(self, dead: RemoteEngine, err: EngineGoneError) -> None:
+    async def _recover(self, dead: RemoteEngine, err: EngineGoneError | EngineFailedError) -> None:
         if self._recovering is not None:  # someone else met this death first
             await asyncio.shield(self._recovering)
             return
@@ -87,12 +95,16 @@ class RecoverableEngine:
             if done.done() and not done.cancelled():
                 done.exception()  # retrieved: no "never retrieved" warning if nobody waits
 
-    async def _recreate(self, err: EngineGoneError) -> None:
+    async def _recreate(self, err: EngineGoneError | EngineFailedError) -> None:
         assert self.weights is not None
         t0 = time.monotonic()
-        logger.warning(
-            "rollout engine %s lost (%s): re-creating it in its bundle", self.name, err.cause
-        )
+        if isinstance(err, EngineFailedError):  # alive, holding its bundle: end it first
+            logger.warning("rollout engine %s failed (%s): replacing it", self.name, err)
+            await self.engine.kill()
+        else:
+            logger.warning(
+                "rollout engine %s lost (%s): re-creating it in its bundle", self.name, err.cause
+            )
         fresh = await self.factory(self.restarts + 1)
         if self._version:
             await fresh.update_weights(await self.weights(), self._version)
@@ -121,7 +133,7 @@ class RecoverableEngine:
             engine = self.engine
             try:
                 return await call(engine)
-            except EngineGoneError as err:
+            except (EngineGoneError, EngineFailedError) as err:
                 if self.weights is None or attempt == MAX_RECREATIONS_PER_CALL:
                     raise
                 await self._recover(engine, err)

@@ -41,6 +41,11 @@ class EngineError(RuntimeError):
     """The engine could not serve a request (a retry on another engine may succeed)."""
 
 
+class EngineFailedError(EngineError):
+    """The engine marked itself failed (its wake check found weights that did not survive a
+    sleep): it must not serve again, but be re-created from the model on disk by its owner."""
+
+
 class EngineAsleepError(EngineError):
     """The engine has released its memory (``sleep()``) and must be woken first."""
 

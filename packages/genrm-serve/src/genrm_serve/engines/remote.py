@@ -25,6 +25,7 @@ and "what is the deadline of this call?" are in this file:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, Literal, overload
 
@@ -120,6 +121,12 @@ class RemoteEngine:
 
     async def wake(self, *, timeout_s: float | None = None) -> None:
         await self._call("wake", timeout_s=timeout_s, default_s=limits.SLEEP_TIMEOUT_S)
+
+    async def kill(self) -> None:
+        """End the actor for good (no restart by Ray): one that marked itself failed still
+        holds its bundle's resources, which its replacement needs."""
+        with contextlib.suppress(*ACTOR_GONE):  # already gone: nothing holds the bundle
+            ray.kill(self.handle, no_restart=True)
 
     async def check_health(self, *, timeout_s: float | None = None) -> bool:
         """Raise if the engine cannot serve; else whether it is asleep."""

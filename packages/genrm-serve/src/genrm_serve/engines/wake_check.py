@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from genrm_client.types import SamplingParams
-from genrm_serve.engines.base import EngineError, EngineRequest
+from genrm_serve.engines.base import EngineError, EngineFailedError, EngineRequest
 
 if TYPE_CHECKING:
     from genrm_serve.engines.base import Engine
@@ -186,11 +186,11 @@ class WakeCheck:
             f"{self.tolerance} nats is required (the weights did not survive the sleep)"
         )
 
-    def _failure(self, why: str) -> EngineError:
+    def _failure(self, why: str) -> EngineFailedError:
         """Count the failure, mark the engine failed; the error to raise."""
         self.counters["wake_check_failures"] += 1
         self.invalidate()
         message = f"engine {self.engine.engine_id}: {why}"
         logger.error("%s; marking the engine failed", message)
         self.engine.mark_failed(why)
-        return EngineError(message)
+        return EngineFailedError(message)
