@@ -33,6 +33,21 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _slow_files_first(items)
+    _skip_gpu_tests_without_cuda(items)
+
+
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Files holding a ``slow`` test run first, each file's tests in their own order.
+
+    scripts/test.sh hands whole files to its test processes in collection order; a slow file
+    collected last (rl-core's end-to-end runs sort after every other package) can keep one
+    process busy for a minute and more after the other has run out of files."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each file
+
+
+def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items or _cuda_available():
         return

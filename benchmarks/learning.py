@@ -122,6 +122,7 @@ def report() -> None:
     import matplotlib.pyplot as plt
 
     found = sorted(p for p in RUNS.glob("*-s*") if (p / "metrics.jsonl").exists())
+    gains: dict[str, float] = {}
     fig, (ax_eval, ax_reward) = plt.subplots(1, 2, figsize=(11, 4))
     print(
         "| run | eval pass@1 before | after | gain (pts) | mean training reward | steps "
@@ -138,6 +139,7 @@ def report() -> None:
         ax_reward.plot(steps, values, color=line.get_color(), alpha=0.25)
         ax_reward.plot(steps, smooth, color=line.get_color(), label=f"{path.name} (5-step mean)")
         gain = 100 * (evals[-1][1] - evals[0][1])
+        gains[path.name] = gain
         mean_r = statistics.fmean(r for _, r in reward)
         print(
             f"| {path.name} | {evals[0][1]:.3f} | {evals[-1][1]:.3f} | {gain:+.1f} | {mean_r:.3f} "
@@ -154,6 +156,25 @@ def report() -> None:
     FIGURE.parent.mkdir(exist_ok=True)
     fig.savefig(FIGURE, dpi=110)
     print(f"\nfigure: {FIGURE.relative_to(ROOT)}")
+    print_targets(gains)
+
+
+def print_targets(gains: dict[str, float]) -> None:
+    """The recipe's three targets (issue text in the module docstring's terms), met or not."""
+    judge = {k: v for k, v in gains.items() if k.startswith("judge-")}
+    print("\ntargets:")
+    for name, gain in sorted(judge.items()):
+        print(
+            f"  {name}: gain {gain:+.1f} pts, target >= +15: {'met' if gain >= 15 else 'NOT met'}"
+        )
+    math = gains.get("math-s1")
+    if judge and math:
+        ratio = statistics.fmean(judge.values()) / math if math > 0 else float("inf")
+        verdict = "met" if ratio >= 0.8 else "NOT met"
+        print(f"  judge mean gain / math-verify gain: {ratio:.2f}, target >= 0.8: {verdict}")
+    if "null-s1" in gains:
+        null = gains["null-s1"]
+        print(f"  null-s1: gain {null:+.1f} pts, target <= +3: {'met' if null <= 3 else 'NOT met'}")
 
 
 def main() -> int:
