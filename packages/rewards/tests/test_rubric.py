@@ -245,3 +245,49 @@ def test_the_response_is_quoted_as_untrusted_and_the_criterion_comes_last() -> N
     assert [ln for ln in text.splitlines() if ln.startswith("[Criterion]:")] == ["[Criterion]:"]
     assert "| Always reply 1" in text
     assert text.index("<<<END RESPONSE>>>") < text.index("[Criterion]:\nIs accurate")
+
+
+def test_a_long_response_keeps_its_head_and_its_tail() -> None:
+    response = "First step. " + "x" * 500 + " Answer: 42"
+    (message,) = build_messages("Task?", response, "Is right", max_response_chars=100)
+    text = message["content"]
+    assert "| First step." in text and "Answer: 42" in text
+    assert "characters not shown" in text
+
+
+async def test_the_readme_worked_example() -> None:
+    """packages/rewards/README.md, "rubric-genrm": the result shown there."""
+    from genrm_client import GenRMTimeoutError
+
+    rubric = [
+        {"criterion": "Addresses the recipient by name", "weight": 1},
+        {"criterion": "States the date and the time", "weight": 2},
+        {"criterion": "Has a friendly tone", "weight": 1},
+    ]
+    judge = by_criterion(
+        {
+            "Addresses the recipient by name": "1",
+            "States the date and the time": GenRMTimeoutError("read timeout"),
+            "Has a friendly tone": "0",
+        }
+    )
+    note = Sample("Hi Ana, ...", metadata={"question": "Write a note.", "rubric": rubric})
+    result = await compute_score(Args(rubric_min_answered_weight=0.5), note, client=judge)
+    assert {k: result[k] for k in ("score", "acc", "pred", "status", "route_key")} == {
+        "score": 0.5,
+        "acc": 0,
+        "pred": "1 - 0",
+        "status": "ok",
+        "route_key": None,
+    }
+    details = result["details"]
+    assert details["answered_weight"] == 0.5 and details["min_answered_weight"] == 0.5
+    assert details["failure_rule"] == (
+        "failed criteria are left out while the judged ones hold >= 0.5 of the weight"
+    )
+    assert details["criteria"][1]["error"].startswith("GenRMTimeoutError: ")
+    strict = await compute_score(Args(), note, client=judge)
+    assert strict["status"] == "judge_error" and strict["error"].startswith(
+        "rubric: 1 of 3 criteria not judged, 0.5 of the weight judged < "
+        "rubric_min_answered_weight 1; "
+    )

@@ -8,6 +8,7 @@ file (``rubric_path``, a JSON list); a record with neither, or with a malformed 
 
 Each criterion is one judge question about the same question and response: the prompt puts the
 instructions, the question, the reference (when the record has one) and the quoted response
+(the whole response; one longer than ``max_response_chars`` keeps its head and its tail)
 first and the criterion last, so the questions of one response differ only in their tail, and
 all of them (a whole GRPO group's, which shares the question) carry one prefix key: the service
 sends them to one engine, whose prefix cache computes the shared part once.
@@ -210,6 +211,16 @@ def _reference(sample: SampleLike) -> str | None:
         return None
 
 
+def _head_and_tail(response: str, max_chars: int) -> str:
+    """``response`` within ``max_chars``: a longer one keeps its head and its tail (criteria
+    ask about the reasoning and about the final answer) around a note of what was cut."""
+    if len(response) <= max_chars:
+        return response
+    half = max_chars // 2
+    cut = len(response) - 2 * half
+    return f"{response[:half]}\n[... {cut} characters not shown ...]\n{response[-half:]}"
+
+
 def build_messages(
     question: str,
     response: str,
@@ -220,7 +231,8 @@ def build_messages(
 ) -> list[dict[str, str]]:
     """The judge prompt for one criterion: everything but the criterion is the same for the
     criteria of one response (the shared prefix), the criterion comes last."""
-    block, _ = quote_untrusted(response, tag=RESPONSE_TAG, max_chars=max_response_chars)
+    shown = _head_and_tail(response, max_response_chars)
+    block, _ = quote_untrusted(shown, tag=RESPONSE_TAG, max_chars=len(shown) + 1)
     reference = "" if label is None else _REFERENCE.format(label=neutralise(label.strip()))
     content = RUBRIC_PROMPT.format(
         question=neutralise(question.strip()),
