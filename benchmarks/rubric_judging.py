@@ -187,32 +187,44 @@ def _workloads(ns: argparse.Namespace) -> tuple[list[Sample], list[Sample]]:
     return grouped, unrelated
 
 
+#: the engine counters each row reports per judgment
+COUNTERS = ("prefix_shared_tokens", "forward_tokens", "batches")
+
+
 async def _measure(
-    judge: InProcessJudge, run: Callable[[], Awaitable[int]], repeats: int
-) -> dict[str, Any]:
+    judge: InProcessJudge, runs: dict[str, Callable[[], Awaitable[int]]], repeats: int
+) -> dict[str, dict[str, Any]]:
+    """Every row once untimed (first-call costs out), then ``repeats`` rounds of every row in
+    turn (a load that changes over the run touches each row alike); each row's median wall
+    and its engine counters over the timed rounds."""
     engine = judge.engine
-    walls: list[float] = []
-    before = engine.stats()
-    judgments = 0
+    for run in runs.values():
+        await run()
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    counts: dict[str, dict[str, float]] = {name: dict.fromkeys(COUNTERS, 0.0) for name in runs}
+    judgments: dict[str, int] = {}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        judgments = await run()
-        walls.append(time.perf_counter() - t0)
-    after = engine.stats()
-    n = judgments * repeats
-
-    def per(key: str) -> float:
-        return float(after.get(key, 0) - before.get(key, 0)) / n
-
-    wall = statistics.median(walls)
-    return {
-        "judgments": judgments,
-        "wall_s": round(wall, 3),
-        "judgments_per_s": round(judgments / wall, 2),
-        "shared_tokens_per_judgment": round(per("prefix_shared_tokens"), 1),
-        "forward_tokens_per_judgment": round(per("forward_tokens"), 1),
-        "engine_batches": round((after.get("batches", 0) - before.get("batches", 0)) / repeats, 1),
-    }
+        for name, run in runs.items():
+            before = engine.stats()
+            t0 = time.perf_counter()
+            judgments[name] = await run()
+            walls[name].append(time.perf_counter() - t0)
+            after = engine.stats()
+            for key in COUNTERS:
+                counts[name][key] += after.get(key, 0) - before.get(key, 0)
+    rows: dict[str, dict[str, Any]] = {}
+    for name in runs:
+        n = judgments[name] * repeats
+        wall = statistics.median(walls[name])
+        rows[name] = {
+            "judgments": judgments[name],
+            "wall_s": round(wall, 3),
+            "judgments_per_s": round(judgments[name] / wall, 2),
+            "shared_tokens_per_judgment": round(counts[name]["prefix_shared_tokens"] / n, 1),
+            "forward_tokens_per_judgment": round(counts[name]["forward_tokens"] / n, 1),
+            "engine_batches": round(counts[name]["batches"] / repeats, 1),
+        }
+    return rows
 
 
 async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
@@ -240,20 +252,18 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
             n += sum(len(r["details"]["criteria"]) for r in results)
         return n
 
-    # one untimed pass: first-call costs (kernels, allocator) out of every row
-    await batches(grouped[:1], 1)
-    rows: dict[str, Any] = {}
     keys_before = len(judge.prefix_keys)
-    rows["rubric, per response"] = await _measure(judge, lambda: batches(grouped, 1), ns.repeats)
-    rows["rubric, whole batch"] = await _measure(
-        judge, lambda: batches(grouped, len(grouped)), ns.repeats
-    )
+    await batches(grouped, len(grouped))
     rubric_keys = len(judge.prefix_keys) - keys_before
-    rows[f"unrelated, in batches of {ns.criteria}"] = await _measure(
-        judge, lambda: batches(unrelated, ns.criteria), ns.repeats
-    )
-    rows["unrelated, whole batch"] = await _measure(
-        judge, lambda: batches(unrelated, len(unrelated)), ns.repeats
+    rows = await _measure(
+        judge,
+        {
+            "rubric, per response": lambda: batches(grouped, 1),
+            "rubric, whole batch": lambda: batches(grouped, len(grouped)),
+            f"unrelated, in batches of {ns.criteria}": lambda: batches(unrelated, ns.criteria),
+            "unrelated, whole batch": lambda: batches(unrelated, len(unrelated)),
+        },
+        ns.repeats,
     )
     await engine.shutdown()
     base = rows["unrelated, whole batch"]["judgments_per_s"]
