@@ -64,6 +64,7 @@ MODES = {
 }
 DEFER = "run-qwen35-35B-A3B-16xgpu-genrm-397B-defer.sh"
 DUAL = "run-qwen3-4B-8xgpu-dual-genrm-split.sh"
+RUBRIC = "run-qwen3-4B-8xgpu-rubric-panel-split.sh"
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -606,7 +607,27 @@ TWINS = {
             }
         ),
     ],
+    # the rubric file's five criteria, each asked of both scripted judges
+    RUBRIC: [
+        "--resource",
+        '{"actor": [1, 3], "rollout": [1, 1], "genrm": [1, 2]}',
+        "--rollout-num-gpus",
+        "1",
+        "--genrm-instances",
+        json.dumps(
+            {
+                "judge_a": {"model_path": _QUALITY, "num_gpus": 1, "engine": "scripted"},
+                "judge_b": {
+                    "model_path": _script(default="1"),
+                    "num_gpus": 1,
+                    "engine": "scripted",
+                },
+            }
+        ),
+    ],
 }
+#: per script: the judge instances its twin's layout holds
+TWIN_JUDGES = {DUAL: {"genrm:quality", "genrm:safety"}, RUBRIC: {"genrm:judge_a", "genrm:judge_b"}}
 
 
 @pytest.fixture(scope="module")
@@ -688,8 +709,7 @@ def test_cpu_twin_runs_one_step_through_the_script(
     report = json.loads((run_dir / LAYOUT_FILE).read_text())
     assert layout_problems(report) == []
     judges = {a["role"] for a in report["actors"] if a["role"].startswith("genrm:")}
-    expected = {"genrm:quality", "genrm:safety"} if script == DUAL else {"genrm:__default__"}
-    assert judges == expected
+    assert judges == TWIN_JUDGES.get(script, {"genrm:__default__"})
     # what rl-core's layout tests assert of their runs (this twin's layout is the split one's)
     assert report["state_api"], "the layout was read without Ray's state API"
     the_plan = parse_train_args(script_args(script, *TWIN_COMMON, *TWINS[script])).plan
