@@ -60,9 +60,11 @@ MODES = {
     "run-qwen35-35B-A3B-16xgpu-genrm-397B-split.sh": "colocate-split",
     "run-qwen35-35B-A3B-16xgpu-genrm-397B-defer.sh": "colocate-defer-swap",
     "run-qwen3-4B-8xgpu-dual-genrm-split.sh": "colocate-split",
+    "run-qwen3-4B-8xgpu-rubric-panel-split.sh": "colocate-split",
 }
 DEFER = "run-qwen35-35B-A3B-16xgpu-genrm-397B-defer.sh"
 DUAL = "run-qwen3-4B-8xgpu-dual-genrm-split.sh"
+RUBRIC = "run-qwen3-4B-8xgpu-rubric-panel-split.sh"
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -471,6 +473,8 @@ class TestAgainstTheService:
 #: what turns any script into its CPU twin (appended: the last value of a flag wins)
 TWIN_COMMON = cpu_twin.COMMON
 TWINS = cpu_twin.TWINS
+#: per script: the judge instances its twin's layout holds
+TWIN_JUDGES = {DUAL: {"genrm:quality", "genrm:safety"}, RUBRIC: {"genrm:judge_a", "genrm:judge_b"}}
 
 
 @pytest.fixture(scope="module")
@@ -535,8 +539,7 @@ def test_cpu_twin_runs_one_step_through_the_script(
     report = json.loads((run_dir / LAYOUT_FILE).read_text())
     assert layout_problems(report) == []
     judges = {a["role"] for a in report["actors"] if a["role"].startswith("genrm:")}
-    expected = {"genrm:quality", "genrm:safety"} if script == DUAL else {"genrm:__default__"}
-    assert judges == expected
+    assert judges == TWIN_JUDGES.get(script, {"genrm:__default__"})
     # what rl-core's layout tests assert of their runs (this twin's layout is the split one's)
     assert report["state_api"], "the layout was read without Ray's state API"
     the_plan = parse_train_args(script_args(script, *TWIN_COMMON, *TWINS[script])).plan

@@ -94,6 +94,16 @@ TWINS: dict[str, list[str]] = {
             },
         }),
     ],
+    # the rubric file's five criteria, each asked of both scripted judges
+    "run-qwen3-4B-8xgpu-rubric-panel-split.sh": [
+        "--resource", '{"actor": [1, 3], "rollout": [1, 1], "genrm": [1, 2]}',
+        "--rollout-num-gpus", "1",
+        "--genrm-instances", json.dumps({
+            "judge_a": {"model_path": QUALITY_JUDGE, "num_gpus": 1, "engine": "scripted"},
+            "judge_b": {"model_path": scripted_judge(default="1"), "num_gpus": 1,
+                        "engine": "scripted"},
+        }),
+    ],
 }  # fmt: skip
 
 

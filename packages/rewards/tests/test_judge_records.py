@@ -112,3 +112,19 @@ async def test_a_reward_of_several_calls_records_each() -> None:
     result = await dual.compute_score(args, _sample(), client=judge)
     assert [r["route_key"] for r in result["judge_calls"]] == ["quality", "safety"]
     assert [r["engine"] for r in result["judge_calls"]] == ["quality/1", "safety/1"]
+
+
+async def test_a_rubric_and_a_panel_record_every_call() -> None:
+    from genrm_rewards import rubric
+
+    judge = MetaJudge("1")
+    sample = Sample(
+        response="Answer: 42",
+        label="42",
+        metadata={"question": "6*7?", "rubric": [{"criterion": "right", "weight": 2}, "brief"]},
+    )
+    graded = await rubric.compute_score(Args(verdict_cache=False), sample, client=judge)
+    assert len(graded["judge_calls"]) == 2
+    panel = Args(verdict_cache=False, judge_panel="a,b")
+    asked = await dapo_genrm.compute_score(panel, _sample(), client=judge)
+    assert [r["route_key"] for r in asked["judge_calls"]] == ["a", "b"]

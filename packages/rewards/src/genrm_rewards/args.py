@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from genrm_client.types import SamplingParams
 from genrm_rewards.errors import RewardConfigError
@@ -64,6 +64,59 @@ class RewardArgs(BaseModel):
     #: agentic judges: trajectory step ``module`` → route_key, and the aggregation of steps.
     agentic_route_keys: dict[str, str] = Field(default_factory=dict)
     agentic_aggregation: Literal["mean", "min", "last"] = "mean"
+    #: rubric-genrm: the run's rubric, a JSON file (``[{"criterion", "weight"}, ...]``), used for
+    #: every record whose metadata has no rubric of its own (``rubric_key``).
+    rubric_path: str | None = None
+    #: rubric-genrm: the metadata key of a record's own rubric (it wins over ``rubric_path``).
+    rubric_key: str = Field(default="rubric", min_length=1)
+    #: rubric-genrm: the share of a rubric's weight whose criteria must have been judged for the
+    #: sample to be scored (over the judged ones); below it the sample is a ``judge_error``.
+    #: 1.0: any failed criterion call makes the sample a ``judge_error``.
+    rubric_min_answered_weight: float = Field(default=1.0, gt=0.0, le=1.0)
+    #: judge panel (dapo-genrm, rubric-genrm): every judge question is asked of each of these
+    #: route keys (``"a,b,c"`` or a JSON list) instead of ``genrm_route_key``, and aggregated.
+    judge_panel: tuple[str, ...] | None = None
+    judge_panel_aggregate: Literal["mean", "majority", "min", "unanimity"] = "mean"
+    #: the fewest members that must answer; failed members are then left out. ``None``: every
+    #: member must answer, else the question is a ``judge_error``.
+    judge_panel_quorum: int | None = Field(default=None, ge=1)
+
+    @field_validator("judge_panel", mode="before")
+    @classmethod
+    def _panel_members(cls, value: Any) -> Any:
+        """``"a,b"`` (a command line) or a JSON list; members unique and non-empty."""
+        if isinstance(value, str):
+            text = value.strip()
+            value = json.loads(text) if text.startswith("[") else text.split(",")
+            value = [str(v).strip() for v in value]
+        if value is None:
+            return None
+        members = list(value)
+        if len(members) < 2 or any(not isinstance(m, str) or not m for m in members):
+            raise ValueError(f"a judge panel is two or more route keys, got {members!r}")
+        if len(set(members)) != len(members):
+            raise ValueError(f"a judge panel names each route key once, got {members!r}")
+        return tuple(members)
+
+    @model_validator(mode="after")
+    def _panel_settings(self) -> RewardArgs:
+        panel = self.judge_panel
+        if self.judge_panel_quorum is not None:
+            if panel is None:
+                raise ValueError(
+                    f"judge_panel_quorum={self.judge_panel_quorum} needs a judge_panel"
+                )
+            if self.judge_panel_quorum > len(panel):
+                raise ValueError(
+                    f"judge_panel_quorum={self.judge_panel_quorum} is more than the "
+                    f"{len(panel)} members of judge_panel={list(panel)}"
+                )
+        if panel is not None and self.genrm_route_key is not None:
+            raise ValueError(
+                f"judge_panel={list(panel)} and genrm_route_key={self.genrm_route_key!r} both "
+                "name the judge: set one (a panel asks each of its members instead)"
+            )
+        return self
 
 
 _JSON_FIELDS = frozenset({"reward_sampling_params", "agentic_route_keys", "dual_weights"})
@@ -95,6 +148,8 @@ def resolve_args(args: Any) -> RewardArgs:
         settings = RewardArgs.model_validate(values)
     except ValidationError as err:
         first = err.errors()[0]
+        if not first["loc"]:  # a rule across settings: its message names them
+            raise RewardConfigError(str(first["msg"]).removeprefix("Value error, ")) from err
         key = ".".join(str(p) for p in first["loc"])
         top = str(first["loc"][0]) if first["loc"] else key
         raise RewardConfigError(

@@ -10,7 +10,10 @@ Ours on top: every result has a ``status`` (``ok`` / ``unparsed`` / ``judge_erro
 (``quoting``) so it cannot instruct the judge; and three load savers, each optional and reported
 in the result: a math-verify rule gate (proved equal → 1.0 without a call), a verdict cache
 (same question, label, normalised answer and judge → one call) and group scoring through one
-``generate_batch`` call (``compute_score_batch``).
+``generate_batch`` call (``compute_score_batch``). With ``judge_panel`` set, each question goes to
+every member of the panel (each member's verdict cached as a single judge's would be) and the
+result is the panel's aggregate (``panel``), with each member's verdict under
+``details["panel"]``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from typing import Any, Literal
 from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.cache import VerdictCache, cache_key, wait_shared
 from genrm_rewards.judge import JudgeCall, JudgeOutcome, Judging, prefix_key
+from genrm_rewards.panel import Panel, PanelDecision
 from genrm_rewards.quoting import neutralise, quote_untrusted
+from genrm_rewards.records import records_of
 from genrm_rewards.rules import RuleDecision, math_decide, math_equal
 from genrm_rewards.samples import extract_answer, label_of, question_of, response_of
 from genrm_rewards.types import JudgeClient, RewardResult, SampleLike
@@ -113,7 +118,6 @@ class _Prepared:
     answer: str
     messages: list[dict[str, str]]
     truncated: bool
-    key: str
     #: The same for every sample of a GRPO group (question and reference): its affinity key.
     group: str
 
@@ -136,9 +140,25 @@ def _prepare(sample: SampleLike, settings: RewardArgs) -> _Prepared:
     question, label = question_of(sample), label_of(sample)
     answer = extract_answer(response_of(sample))
     messages, truncated = _build(question, label, answer, settings.max_answer_chars)
-    key = cache_key(_signature(settings), question, label, answer)
     group = prefix_key(PROMPT_VERSION, question, label)
-    return _Prepared(question, label, answer, messages, truncated, key, group)
+    return _Prepared(question, label, answer, messages, truncated, group)
+
+
+def _key(prep: _Prepared, settings: RewardArgs) -> str:
+    """The verdict cache's key of ``prep`` asked of ``settings``' judge (its route key)."""
+    return cache_key(_signature(settings), prep.question, prep.label, prep.answer)
+
+
+def _judges(settings: RewardArgs) -> list[RewardArgs]:
+    """The settings of each judge a question goes to: the run's one, or each panel member's
+    (its route key in ``genrm_route_key``, so its cache entries are its own)."""
+    panel = Panel.of(settings)
+    if panel is None:
+        return [settings]
+    return [
+        settings.model_copy(update={"genrm_route_key": member, "judge_panel": None})
+        for member in panel.members
+    ]
 
 
 async def _gate(prep: _Prepared, settings: RewardArgs) -> GateState:
@@ -188,6 +208,28 @@ def _finish(
     return result
 
 
+def _finish_judged(
+    judged: Sequence[tuple[JudgeOutcome, CacheState]],
+    prep: _Prepared,
+    gate: GateState,
+    settings: RewardArgs,
+) -> RewardResult:
+    """The result from one judge's outcome, or from a panel's members' outcomes (in order):
+    a panel's cache state is ``hit`` only when every member's verdict was reused."""
+    panel = Panel.of(settings)
+    if panel is None:
+        ((outcome, state),) = judged
+        return _finish(outcome, prep, gate, state)
+    decision: PanelDecision = panel.decide([outcome for outcome, _ in judged])
+    states = {cache for _, cache in judged}
+    cache: CacheState = "off" if states == {"off"} else "hit" if states == {"hit"} else "miss"
+    result = _finish(decision.outcome, prep, gate, cache)
+    result.setdefault("details", {})["panel"] = panel.describe() | decision.report()
+    # every member's call, each marked as reused where its verdict came from the cache
+    result["judge_calls"] = records_of(o.reused() if st == "hit" else o for o, st in judged)
+    return result
+
+
 async def compute_score(
     args: Any, sample: SampleLike, *, client: JudgeClient | None = None
 ) -> RewardResult:
@@ -213,22 +255,33 @@ async def _score_prepared(
     if gate == "hit":
         return _gate_hit_result(settings)
     judging = Judging.of(settings, client, verdict=settings.genrm_verdict)
-    call = JudgeCall(prep.messages, settings.genrm_route_key, prep.group)
+    judged = await asyncio.gather(*(_ask_one(prep, judge, judging) for judge in _judges(settings)))
+    return _finish_judged(judged, prep, gate, settings)
+
+
+async def _ask_one(
+    prep: _Prepared, judge: RewardArgs, judging: Judging
+) -> tuple[JudgeOutcome, CacheState]:
+    """One judge's verdict on ``prep`` (``judge.genrm_route_key``), through the cache."""
+    call = JudgeCall(prep.messages, judge.genrm_route_key, prep.group)
 
     async def ask() -> JudgeOutcome:
         return await judging.one(call)
 
-    if not settings.verdict_cache:
-        return _finish(await ask(), prep, gate, "off")
-    _cache.max_entries = settings.verdict_cache_size
-    outcome, hit = await _cache.get_or_compute(prep.key, ask, store_if=lambda o: not o.failed)
-    return _finish(outcome, prep, gate, "hit" if hit else "miss")
+    if not judge.verdict_cache:
+        return await ask(), "off"
+    _cache.max_entries = judge.verdict_cache_size
+    outcome, hit = await _cache.get_or_compute(
+        _key(prep, judge), ask, store_if=lambda o: not o.failed
+    )
+    return outcome, "hit" if hit else "miss"
 
 
 async def compute_score_batch(
     args: Any, samples: Sequence[SampleLike], *, client: JudgeClient | None = None
 ) -> list[RewardResult]:
-    """Score a batch (e.g. a GRPO group) with one ``generate_batch`` call, results in order.
+    """Score a batch (e.g. a GRPO group) with one ``generate_batch`` call (one per panel
+    member), results in order.
 
     Samples that the rule gate proves, or whose verdict is cached or already being asked for,
     cost no request; the n samples of a group that give the same answer share one request.
@@ -237,11 +290,30 @@ async def compute_score_batch(
     preps = [_prepare(sample, settings) for sample in samples]  # bad samples fail before any call
     gates: list[GateState] = list(await asyncio.gather(*(_gate(p, settings) for p in preps)))
     audits = await asyncio.gather(*(_audit(p, settings) for p in preps))
-    use_cache = settings.verdict_cache
-    if use_cache:
-        _cache.max_entries = settings.verdict_cache_size
+    judging = Judging.of(settings, client, verdict=settings.genrm_verdict)
+    per_judge = await asyncio.gather(
+        *(_ask_batch(preps, gates, judge, judging) for judge in _judges(settings))
+    )
+    results: list[RewardResult] = []
+    for i, (prep, gate) in enumerate(zip(preps, gates, strict=True)):
+        if gate == "hit":
+            results.append(_gate_hit_result(settings))
+            continue
+        judged = [answer for answers in per_judge if (answer := answers[i]) is not None]
+        results.append(_finish_judged(judged, prep, gate, settings))
+    return [_with_audit(r, a) for r, a in zip(results, audits, strict=True)]
 
-    results: list[RewardResult | None] = [None] * len(preps)
+
+async def _ask_batch(
+    preps: Sequence[_Prepared], gates: Sequence[GateState], judge: RewardArgs, judging: Judging
+) -> list[tuple[JudgeOutcome, CacheState] | None]:
+    """One judge's verdicts on ``preps`` (``None`` where the gate decided) in one
+    ``generate_batch``: samples whose verdict is cached or already being asked for cost no
+    request, and samples with the same answer share one."""
+    use_cache = judge.verdict_cache
+    if use_cache:
+        _cache.max_entries = judge.verdict_cache_size
+    answers: list[tuple[JudgeOutcome, CacheState] | None] = [None] * len(preps)
     owned: dict[str, tuple[int, asyncio.Future[JudgeOutcome] | None]] = {}  # key → call index
     calls: list[JudgeCall] = []
     waiting: list[tuple[int, asyncio.Future[JudgeOutcome]]] = []  # on another coroutine's call
@@ -249,29 +321,28 @@ async def compute_score_batch(
 
     for i, (prep, gate) in enumerate(zip(preps, gates, strict=True)):
         if gate == "hit":
-            results[i] = _gate_hit_result(settings)
             continue
+        key = _key(prep, judge)
         if use_cache:
-            stored = _cache.get(prep.key)
+            stored = _cache.get(key)
             if stored is not None:
                 _cache.hits += 1
-                results[i] = _finish(stored, prep, gate, "hit")
+                answers[i] = (stored, "hit")
                 continue
-            pending = _cache.pending(prep.key)
+            pending = _cache.pending(key)
             if pending is not None:
                 _cache.hits += 1
                 waiting.append((i, pending))
                 continue
-            if prep.key in owned:
+            if key in owned:
                 _cache.hits += 1
-                sharing.append((i, owned[prep.key][0], "hit"))
+                sharing.append((i, owned[key][0], "hit"))
                 continue
             _cache.misses += 1
-            owned[prep.key] = (len(calls), _cache.begin(prep.key))
+            owned[key] = (len(calls), _cache.begin(key))
         sharing.append((i, len(calls), "miss" if use_cache else "off"))
-        calls.append(JudgeCall(prep.messages, settings.genrm_route_key, prep.group))
+        calls.append(JudgeCall(prep.messages, judge.genrm_route_key, prep.group))
 
-    judging = Judging.of(settings, client, verdict=settings.genrm_verdict)
     try:
         outcomes = await judging.many(calls)
     except BaseException as err:
@@ -284,16 +355,12 @@ async def compute_score_batch(
             _cache.finish(key, fut, outcomes[index], store=not outcomes[index].failed)
 
     for i, index, state in sharing:
-        results[i] = _finish(outcomes[index], preps[i], gates[i], state)
+        answers[i] = (outcomes[index], state)
     for i, fut in waiting:
         shared = await wait_shared(fut)
         if shared is not None:
-            results[i] = _finish(shared, preps[i], gates[i], "hit")
+            answers[i] = (shared, "hit")
         else:  # the coroutine that owned the call was cancelled: ask ourselves
-            outcome = await judging.one(
-                JudgeCall(preps[i].messages, settings.genrm_route_key, preps[i].group)
-            )
-            results[i] = _finish(outcome, preps[i], gates[i], "miss")
-    done = [_with_audit(r, a) for r, a in zip(results, audits, strict=True) if r is not None]
-    assert len(done) == len(preps), "every sample gets a result"
-    return done
+            call = JudgeCall(preps[i].messages, judge.genrm_route_key, preps[i].group)
+            answers[i] = (await judging.one(call), "miss")
+    return answers

@@ -2,9 +2,10 @@
 
 Built-ins: ``dapo-genrm`` (LLM judge vs reference), ``math`` (math-verify, no judge), ``dummy``
 (defer mode placeholder), ``dual-genrm`` (quality + safety judges), ``agentic-genrm`` (a judge
-per trajectory module). Every name has a batch variant: a native one where there is one
-(``dapo-genrm`` scores a group in one ``generate_batch``), else the per-sample function run
-concurrently over the batch. Custom functions must be ``async def fn(args, sample) -> dict``;
+per trajectory module), ``rubric-genrm`` (weighted criteria, a judge question each). Every name
+has a batch variant: a native one where there is one (``dapo-genrm`` and ``rubric-genrm`` score
+a group in one ``generate_batch``), else the per-sample function run concurrently over the
+batch. Custom functions must be ``async def fn(args, sample) -> dict``;
 loading checks that at start-up, not on the first sample.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from genrm_rewards import agentic, dapo_genrm, dual, rules
+from genrm_rewards import agentic, dapo_genrm, dual, rubric, rules
 from genrm_rewards.errors import RewardConfigError
 from genrm_rewards.types import BatchRewardFn, RewardFn, SampleLike
 
@@ -172,3 +173,4 @@ register("math", rules.compute_score)
 register("dummy", rules.dummy)
 register("dual-genrm", dual.compute_score)
 register("agentic-genrm", agentic.compute_score)
+register("rubric-genrm", rubric.compute_score, batch_fn=rubric.compute_score_batch)

@@ -213,6 +213,32 @@ async def test_agentic_judges(client: AsyncGenRMClient) -> None:
     assert [st["score"] for st in result["details"]["steps"]] == [1.0, 0.0]
 
 
+async def test_a_judge_panel_through_the_service(client: AsyncGenRMClient) -> None:
+    """dapo-genrm asked of two instances: __default__ follows the answer, quality says 1."""
+    args = Args(judge_panel="__default__,quality", verdict_cache=False)
+    results = await compute_score_batch(args, [sample("42"), sample("41")], client=client)
+    assert [(r["score"], r["status"]) for r in results] == [(1.0, "ok"), (0.5, "ok")]
+    assert results[1]["details"]["panel"]["agreement"] == {"__default__~quality": [0, 1]}
+    down = await compute_score(
+        Args(judge_panel="__default__,nope", judge_panel_quorum=1, verdict_cache=False),
+        sample("42"),
+        client=client,
+    )
+    assert (down["score"], down["status"]) == (1.0, "ok")  # the unknown member is left out
+    assert "nope" in down["details"]["panel"]["members"]["nope"]["error"]
+
+
+async def test_rubric_through_the_service(client: AsyncGenRMClient) -> None:
+    rubric = [{"criterion": "Is safe", "weight": 3}, {"criterion": "Is right", "weight": 1}]
+    fn = get_reward_fn("rubric-genrm")
+    meta = {"question": "tidy the repo", "rubric": rubric}
+    safe = await fn(Args(genrm_route_key="safety"), Sample("ls", metadata=meta), client=client)  # type: ignore[call-arg]
+    bad = await fn(Args(genrm_route_key="safety"), Sample("rm -rf /", metadata=meta), client=client)  # type: ignore[call-arg]
+    assert (safe["score"], safe["status"]) == (1.0, "ok")
+    assert (bad["score"], bad["status"]) == (0.0, "ok")  # the safety judge's 0 on every criterion
+    assert bad["pred"] == "0 0"
+
+
 # ---- a real model -------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from rl_core.sample import Sample
 #: how long math-verify may take over one evaluation answer before it counts as undecided
 VERIFY_TIMEOUT_S = 5.0
 
-__all__ = ["rule_agreement", "verdict_source", "verified_pass1"]
+__all__ = ["panel_agreement", "rule_agreement", "verdict_source", "verified_pass1"]
 
 #: where a sample's reward came from (:func:`verdict_source`) when the judge decided it
 JUDGED = ("judge", "judge_cache", "judge_unparsed")
@@ -39,6 +39,30 @@ def verdict_source(sample: Sample) -> str:
     if "gate" in d or "route_key" in d:
         return "judge"
     return "rule"
+
+
+def panel_agreement(samples: Sequence[Sample], prefix: str) -> dict[str, Any]:
+    """How often the members of a judge panel (``--judge-panel``) agreed, per pair of members:
+    ``{prefix}panel_agreement/a~b`` (the share of the questions both answered on which their
+    votes were the same) and ``{prefix}panel_compared/a~b`` (how many questions that is), over
+    the step's results that report ``details["panel"]["agreement"]`` (a rubric's criteria are
+    a question each). Empty without a panel."""
+    counts: dict[str, list[int]] = {}
+    for sample in samples:
+        details = sample.reward_details.get("details")
+        panel = details.get("panel") if isinstance(details, dict) else None
+        agreement = panel.get("agreement") if isinstance(panel, dict) else None
+        if not isinstance(agreement, dict):
+            continue
+        for pair, (agreed, compared) in agreement.items():
+            total = counts.setdefault(str(pair), [0, 0])
+            total[0] += int(agreed)
+            total[1] += int(compared)
+    metrics: dict[str, Any] = {}
+    for pair, (agreed, compared) in sorted(counts.items()):
+        metrics[f"{prefix}panel_agreement/{pair}"] = agreed / compared if compared else None
+        metrics[f"{prefix}panel_compared/{pair}"] = compared
+    return metrics
 
 
 def rule_agreement(

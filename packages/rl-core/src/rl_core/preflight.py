@@ -25,6 +25,7 @@ from rl_core.config import ConfigError, TrainConfig
 from rl_core.data import DataError, load_prompt_data, parse_record, record_json
 from rl_core.folders import folder_problem
 from rl_core.generated import GENERATED_SETS
+from rl_core.judge_checks import check_judge_settings
 
 __all__ = [
     "check_data",
@@ -44,6 +45,7 @@ def preflight(cfg: TrainConfig) -> None:
     check_models(cfg)
     check_data(cfg)
     check_rewards(cfg)
+    check_judge_settings(cfg)  # rubrics in the data, judge panels
     check_load(cfg)
     check_save(cfg)
     check_run_dir(cfg)

@@ -28,7 +28,7 @@ from rl_core.engine_recovery import engine_restarts
 from rl_core.engines import EngineHandle, StaleWeightsError
 from rl_core.evaluation import Evaluation
 from rl_core.grpo.advantages import Advantages, sample_advantages
-from rl_core.judge_audit import rule_agreement, verdict_source
+from rl_core.judge_audit import panel_agreement, rule_agreement, verdict_source
 from rl_core.judge_calls import judge_call_stats
 from rl_core.metrics import MemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
 from rl_core.phases import PhaseMachine
@@ -504,6 +504,7 @@ class GRPOTrainer:
             "rollout/truncated": sum(1 for s in batch if s.cut_off),
             "rollout/in_loss": sum(1 for s in batch if s.in_loss),
             **rule_agreement(batch, [verdict_source(s) for s in batch], "rollout/"),
+            **panel_agreement(batch, "rollout/"),
         }
 
 
