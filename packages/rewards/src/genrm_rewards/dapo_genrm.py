@@ -23,7 +23,7 @@ from typing import Any, Literal
 from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.cache import VerdictCache, cache_key, wait_shared
 from genrm_rewards.judge import JudgeCall, JudgeOutcome, Judging, prefix_key
-from genrm_rewards.quoting import neutralise, quote_untrusted
+from genrm_rewards.quoting import cap_text, neutralise, neutralised_kinds, quote_untrusted
 from genrm_rewards.rules import RuleDecision, math_decide, math_equal
 from genrm_rewards.samples import extract_answer, label_of, question_of, response_of
 from genrm_rewards.types import JudgeClient, RewardResult, SampleLike
@@ -116,6 +116,8 @@ class _Prepared:
     key: str
     #: The same for every sample of a GRPO group (question and reference): its affinity key.
     group: str
+    #: what the quoting had to neutralise in the answer the judge sees (``quoting``)
+    neutralised: tuple[str, ...] = ()
 
 
 def _signature(settings: RewardArgs) -> str:
@@ -138,7 +140,9 @@ def _prepare(sample: SampleLike, settings: RewardArgs) -> _Prepared:
     messages, truncated = _build(question, label, answer, settings.max_answer_chars)
     key = cache_key(_signature(settings), question, label, answer)
     group = prefix_key(PROMPT_VERSION, question, label)
-    return _Prepared(question, label, answer, messages, truncated, key, group)
+    shown = cap_text(answer, settings.max_answer_chars)[0].strip()
+    kinds = tuple(neutralised_kinds(shown))
+    return _Prepared(question, label, answer, messages, truncated, key, group, kinds)
 
 
 async def _gate(prep: _Prepared, settings: RewardArgs) -> GateState:
@@ -185,6 +189,8 @@ def _finish(
     result["cache"] = cache
     if prep.truncated:
         result.setdefault("details", {})["answer_truncated"] = True
+    if prep.neutralised:  # the answer carried markers aimed at the template or the judge
+        result["neutralised"] = list(prep.neutralised)
     return result
 
 
