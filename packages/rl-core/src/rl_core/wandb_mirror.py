@@ -117,7 +117,8 @@ class WandbMirror:
         run_dir = Path(run_dir)
         folder = Path(cfg.wandb_dir).expanduser() if cfg.wandb_dir else run_dir
         folder.mkdir(parents=True, exist_ok=True)
-        settings: dict[str, Any] = {"silent": True}
+        # silent: no banner in the run's output; console off: W&B leaves stdout / stderr alone
+        settings: dict[str, Any] = {"silent": True, "console": "off"}
         if cfg.wandb_host:
             settings["base_url"] = cfg.wandb_host
         try:
