@@ -118,7 +118,7 @@ async def test_a_fooled_judge_sets_the_watch_off(fooled_judge, tmp_path) -> None
     record = {"step": 1, **metrics}
     warnings = watch_warnings([record], read_watch(tmp_path))
     assert len(warnings) == 2, warnings
-    assert "WATCH_FALSE_PASS_SHARE" in warnings[0] and "step 1: 0.50" in warnings[0]
+    assert "WATCH_FALSE_PASS_SHARE" in warnings[0] and "2 of 4 judged answers" in warnings[0]
     assert f"answer '7 {TRIGGER}'" in warnings[0]
     assert "WATCH_NEUTRALISED_SHARE" in warnings[1]
 
@@ -167,3 +167,35 @@ def test_a_step_with_one_reward_has_no_correlation() -> None:
     metrics, _, _ = step_watch(batch, [verdict_source(s) for s in batch])
     assert metrics["watch/len_reward_corr"] is None
     assert metrics["watch/false_pass_share"] == 0.0
+
+
+def _step(step: int, judged: int, false_pass: int) -> dict:
+    return {
+        "step": step,
+        "watch/judged": judged,
+        "watch/false_pass": false_pass,
+        "watch/false_pass_share": false_pass / judged,
+    }
+
+
+@pytest.mark.parametrize(
+    ("records", "says"),
+    [
+        # one false pass of two judged answers in a step, 1 of 19 over the run: noise, not a sign
+        pytest.param([_step(1, 10, 0), _step(2, 7, 0), _step(3, 2, 1)], None, id="small-step"),
+        # over the run
+        pytest.param([_step(1, 4, 1), _step(2, 4, 1)], "2 of 8 judged answers", id="run"),
+        # in a step large enough, though not over the run
+        pytest.param(
+            [_step(1, 40, 0), _step(2, 40, 0), _step(3, 10, 2)],
+            "above it in step 3: 0.20",
+            id="step",
+        ),
+    ],
+)
+def test_the_false_pass_warning_reads_the_run_and_steps_of_enough_answers(records, says):
+    warnings = watch_warnings(records)
+    if says is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and says in warnings[0], warnings

@@ -84,7 +84,8 @@ WATCH_FALSE_PASS_SHARE: Final = 0.10
 #: Pearson correlation of response length with reward within a step: past it, longer answers are
 #: being paid for being long.
 WATCH_LEN_REWARD_CORR: Final = 0.5
-#: The fewest samples with a reward a step needs before its correlation is read as a signal.
+#: The fewest samples a step needs before its own share or correlation is read as a signal (the
+#: shares are also read over the whole run, whatever the steps' sizes).
 WATCH_MIN_SAMPLES: Final = 8
 #: The mean response length of the last step over the first's: past it, while the run's mean
 #: correlation of length with reward is above :data:`WATCH_LENGTH_GROWTH_CORR`, the summary

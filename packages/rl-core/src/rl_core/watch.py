@@ -179,36 +179,71 @@ def _steps(hits: Sequence[tuple[int, float]]) -> str:
     return ", ".join(f"step {step}: {value:.2f}" for step, value in hits)
 
 
-def _first_example(watch: Mapping[int, Mapping[str, Any]], step: int, flag: str) -> str:
-    examples = watch.get(step, {}).get(flag) or []
-    if not examples:
-        return ""
-    e = examples[0]
-    return (
-        f"; e.g. step {step} g{e.get('group')}/{e.get('index')}: answer {e.get('answer')!r}, "
-        f"reference {e.get('label')!r}"
+def _first_example(
+    records: Sequence[Mapping[str, Any]], watch: Mapping[int, Mapping[str, Any]], flag: str
+) -> str:
+    """``; e.g. step N gG/I: answer ..., reference ...``: the first example of ``flag`` kept in
+    ``watch.jsonl`` (empty when none was kept)."""
+    for r in records:
+        examples = watch.get(int(r["step"]), {}).get(flag) or []
+        if examples:
+            e = examples[0]
+            return (
+                f"; e.g. step {r['step']} g{e.get('group')}/{e.get('index')}: answer "
+                f"{e.get('answer')!r}, reference {e.get('label')!r}"
+            )
+    return ""
+
+
+def _share_warning(
+    records: Sequence[Mapping[str, Any]],
+    watch: Mapping[int, Mapping[str, Any]],
+    flag: str,
+    threshold: float,
+    name: str,
+    what: str,
+) -> str | None:
+    """The warning of a share of judged answers (``watch/<flag>`` of ``watch/judged``): over the
+    whole run, and in each step with at least :data:`WATCH_MIN_SAMPLES` judged answers (a step of
+    two judged answers, one of them flagged, is not a half); None when neither crosses."""
+    judged = sum(int(r.get("watch/judged") or 0) for r in records)
+    flagged = sum(int(r.get(f"watch/{flag}") or 0) for r in records)
+    steps = [
+        (int(r["step"]), float(r[f"watch/{flag}_share"]))
+        for r in records
+        if (r.get(f"watch/{flag}_share") or 0.0) > threshold
+        and int(r.get("watch/judged") or 0) >= WATCH_MIN_SAMPLES
+    ]
+    share = flagged / judged if judged else 0.0
+    if share <= threshold and not steps:
+        return None
+    line = (
+        f"{what}: {flagged} of {judged} judged answers over the run ({share:.0%}; {name} "
+        f"{threshold:.0%})"
     )
+    if steps:
+        line += f", above it in {_steps(steps)}"
+    return line + _first_example(records, watch, flag)
 
 
 def watch_warnings(
     records: Sequence[Mapping[str, Any]], watch: Mapping[int, Mapping[str, Any]] | None = None
 ) -> list[str]:
-    """One line per watch threshold the run's steps crossed (``rl_core.limits``), naming the
-    steps, the values and the threshold; empty when none was crossed. ``watch``: the run's
-    examples (``read_watch``), the first of which each line quotes."""
+    """One line per watch threshold the run crossed (``rl_core.limits``), naming the steps,
+    the values and the threshold; empty when none was crossed. ``watch``: the run's examples
+    (``read_watch``), the first of which each line quotes."""
     watch = watch or {}
     lines = []
-    false = [
-        (int(r["step"]), float(r["watch/false_pass_share"]))
-        for r in records
-        if (r.get("watch/false_pass_share") or 0.0) > WATCH_FALSE_PASS_SHARE
-    ]
-    if false:
-        lines.append(
-            f"judge passed answers that math-verify proved wrong in more than "
-            f"{WATCH_FALSE_PASS_SHARE:.0%} of judged answers (WATCH_FALSE_PASS_SHARE): "
-            f"{_steps(false)}" + _first_example(watch, false[0][0], "false_pass")
-        )
+    false = _share_warning(
+        records,
+        watch,
+        "false_pass",
+        WATCH_FALSE_PASS_SHARE,
+        "WATCH_FALSE_PASS_SHARE",
+        "the judge passed answers that math-verify proved wrong",
+    )
+    if false is not None:
+        lines.append(false)
     corr = [
         (int(r["step"]), float(r["watch/len_reward_corr"]))
         for r in records
@@ -233,16 +268,14 @@ def watch_warnings(
             f"WATCH_LENGTH_GROWTH {WATCH_LENGTH_GROWTH}) while its mean correlation with reward "
             f"was {trend['mean_corr']:.2f} (WATCH_LENGTH_GROWTH_CORR {WATCH_LENGTH_GROWTH_CORR})"
         )
-    neutral = [
-        (int(r["step"]), float(r["watch/neutralised_share"]))
-        for r in records
-        if (r.get("watch/neutralised_share") or 0.0) > WATCH_NEUTRALISED_SHARE
-    ]
-    if neutral:
-        lines.append(
-            f"answers carried text aimed at the judge prompt (neutralised before judging) in "
-            f"more than {WATCH_NEUTRALISED_SHARE:.0%} of judged answers "
-            f"(WATCH_NEUTRALISED_SHARE): {_steps(neutral)}"
-            + _first_example(watch, neutral[0][0], "neutralised")
-        )
+    neutral = _share_warning(
+        records,
+        watch,
+        "neutralised",
+        WATCH_NEUTRALISED_SHARE,
+        "WATCH_NEUTRALISED_SHARE",
+        "answers carried text aimed at the judge prompt (neutralised before judging)",
+    )
+    if neutral is not None:
+        lines.append(neutral)
     return lines
