@@ -199,3 +199,15 @@ def test_the_false_pass_warning_reads_the_run_and_steps_of_enough_answers(record
         assert warnings == []
     else:
         assert len(warnings) == 1 and says in warnings[0], warnings
+
+
+def test_a_resume_cuts_the_watch_file_with_the_metrics(tmp_path) -> None:
+    from rl_core.metrics import MetricsWriter, clear_run_records
+
+    writer = MetricsWriter(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        writer.log(step, {"watch/judged": 1})
+        writer.log_watch(step, {"false_pass": [{"answer": str(step)}], "neutralised": []})
+    assert writer.truncate(1) == 2
+    assert sorted(read_watch(tmp_path)) == [1]
+    assert tmp_path / "watch.jsonl" in clear_run_records(tmp_path)
