@@ -3,7 +3,9 @@
 # pytest's "no tests collected" (exit 5) is a failure like any other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# The tests also need rl-core's optional wandb extra (--use-wandb's offline run is read back from
+# its files); the default set-up, and so the demo, leaves it out.
+bash scripts/setup.sh --group wandb-tests
 # Ray 2.60 re-launches workers through `uv run` when the driver runs under it (slow, and it may
 # re-sync): our environment is already synced, so workers use it as is.
 export UV_FROZEN=1 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1

@@ -27,7 +27,7 @@ from genrm_rewards.args import RewardArgs, resolve_args
 from genrm_rewards.cache import VerdictCache, cache_key, wait_shared
 from genrm_rewards.judge import JudgeCall, JudgeOutcome, Judging, prefix_key
 from genrm_rewards.panel import Panel, PanelDecision
-from genrm_rewards.quoting import neutralise, quote_untrusted
+from genrm_rewards.quoting import cap_text, neutralise, neutralised_kinds, quote_untrusted
 from genrm_rewards.records import records_of
 from genrm_rewards.rules import RuleDecision, math_decide, math_equal
 from genrm_rewards.samples import extract_answer, label_of, question_of, response_of
@@ -120,6 +120,8 @@ class _Prepared:
     truncated: bool
     #: The same for every sample of a GRPO group (question and reference): its affinity key.
     group: str
+    #: what the quoting had to neutralise in the answer the judge sees (``quoting``)
+    neutralised: tuple[str, ...] = ()
 
 
 def _signature(settings: RewardArgs) -> str:
@@ -141,7 +143,9 @@ def _prepare(sample: SampleLike, settings: RewardArgs) -> _Prepared:
     answer = extract_answer(response_of(sample))
     messages, truncated = _build(question, label, answer, settings.max_answer_chars)
     group = prefix_key(PROMPT_VERSION, question, label)
-    return _Prepared(question, label, answer, messages, truncated, group)
+    shown = cap_text(answer, settings.max_answer_chars)[0].strip()
+    kinds = tuple(neutralised_kinds(shown))
+    return _Prepared(question, label, answer, messages, truncated, group, kinds)
 
 
 def _key(prep: _Prepared, settings: RewardArgs) -> str:
@@ -205,6 +209,8 @@ def _finish(
     result["cache"] = cache
     if prep.truncated:
         result.setdefault("details", {})["answer_truncated"] = True
+    if prep.neutralised:  # the answer carried markers aimed at the template or the judge
+        result["neutralised"] = list(prep.neutralised)
     return result
 
 

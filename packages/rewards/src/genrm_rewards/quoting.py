@@ -24,6 +24,7 @@ __all__ = [
     "LINE_PREFIX",
     "cap_text",
     "neutralise",
+    "neutralised_kinds",
     "quote_untrusted",
 ]
 
@@ -72,6 +73,27 @@ def neutralise(text: str) -> str:
     )
     text = _TEMPLATE_HEADER.sub(r"(\1)", text)
     return _JUDGEMENT.sub(r"\1 -", text)
+
+
+#: What :func:`neutralise` rewrites, by kind (the names :func:`neutralised_kinds` reports).
+_KINDS = (
+    ("control", _CONTROL),
+    ("template_token", _SPECIAL_TOKEN),
+    ("block_marker", _DELIMITER_RUN),
+    ("template_header", _TEMPLATE_HEADER),
+    ("judge_directed", _JUDGEMENT),
+)
+
+
+def neutralised_kinds(text: str) -> list[str]:
+    """Which kinds of marker :func:`neutralise` rewrites in ``text`` (empty: none).
+
+    An answer that carries template tokens, our block markers, the template's headers or a
+    ``Judgement:`` line is one the policy may be aiming at the judge; rl-core's reward-hacking
+    watch counts them per step, from the ``neutralised`` key of the reward result.
+    """
+    flat = text.replace("\r\n", "\n").replace("\r", "\n")
+    return [kind for kind, pattern in _KINDS if pattern.search(flat)]
 
 
 def quote_untrusted(text: str, *, tag: str, max_chars: int) -> tuple[str, bool]:

@@ -84,6 +84,9 @@ class RewardResult(TypedDict, total=False):
     route_key: str | None
     #: why a judge call failed (only with status "judge_error")
     error: str
+    #: what the prompt builder neutralised in the judged answer (``quoting.neutralised_kinds``:
+    #: template tokens, block markers, template headers, judge-directed lines); absent if none
+    neutralised: list[str]
     #: function-specific parts: dual judge scores, per-step verdicts, ...
     details: dict[str, Any]
     #: every judge call made for this sample, in order (``records.JudgeRecord``)

@@ -47,6 +47,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "rl_core.train", "GRPO training with GenRM judges (e.g. --preset cpu-demo)"
     ),
     "plot": Subcommand("rl_core.plot", "write reward / accuracy / length curves of a run to PNG"),
+    "show": Subcommand(
+        "rl_core.show",
+        "a run in the terminal: its summary, curves' figures, a step's samples (--step N) with "
+        "filters, one sample in full",
+    ),
     "eval": Subcommand("rl_core.evaluate", "evaluate a model on an eval set as training does"),
     "export": Subcommand("rl_core.export", "write a checkpoint as a Hugging Face model folder"),
 }

@@ -159,6 +159,20 @@ class TrainConfig(RewardArgs):
     #: a fresh run into a --run-dir holding another run's metrics: replace them (else refused)
     overwrite_run_dir: bool = False
     preset: str | None = None
+    # Weights & Biases (``rl_core.wandb_mirror``; slime's flag names), the ``wandb`` extra
+    use_wandb: bool = False
+    wandb_project: str | None = None
+    wandb_team: str | None = None
+    wandb_group: str | None = None
+    #: default: the --run-dir folder's name
+    wandb_run_name: str | None = None
+    #: resume (or name) this W&B run id; a resumed training run passes its first run's id
+    wandb_run_id: str | None = None
+    wandb_mode: Literal["online", "offline", "disabled"] = "online"
+    #: where W&B writes its run folder (default: --run-dir)
+    wandb_dir: str | None = None
+    #: a W&B server other than the public one (its base URL)
+    wandb_host: str | None = None
 
     @field_validator(*_JSON_REWARD_FIELDS, mode="before")
     @classmethod
@@ -239,7 +253,26 @@ class TrainConfig(RewardArgs):
             raise ValueError(f"--save-hf-dtype {self.save_hf_dtype} needs --save-hf DIR")
         if self.lr_decay_style != "constant" and self.lr_decay_iters is None:
             raise ValueError(f"--lr-decay-style {self.lr_decay_style} needs --lr-decay-iters")
+        if not self.use_wandb:
+            for name in _WANDB_FIELDS:
+                value = getattr(self, name)
+                if value != TrainConfig.model_fields[name].default:
+                    flag = "--" + name.replace("_", "-")
+                    raise ValueError(f"{flag} {value} needs --use-wandb")
         return self
+
+
+#: The W&B settings that mean something only with ``--use-wandb``.
+_WANDB_FIELDS = (
+    "wandb_project",
+    "wandb_team",
+    "wandb_group",
+    "wandb_run_name",
+    "wandb_run_id",
+    "wandb_mode",
+    "wandb_dir",
+    "wandb_host",
+)
 
 
 # --- presets -------------------------------------------------------------------------------------
@@ -478,6 +511,28 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         "metrics, samples and TensorBoard events first (without it such a run is refused)",
     )
 
+    g = p.add_argument_group("Weights & Biases (the genrm-rl-core[wandb] extra)")
+    _flag(
+        g,
+        "--use-wandb",
+        help="also log the run to W&B: every metric of metrics.jsonl, each step's samples as a "
+        "table, the curves",
+    )
+    _flag(g, "--wandb-project", help="W&B project (default: genrm)")
+    _flag(g, "--wandb-team", "--wandb-entity", help="W&B team (entity)")
+    _flag(g, "--wandb-group", help="W&B group of runs")
+    _flag(
+        g, "--wandb-run-name", "--wandb-exp-name", help="W&B run name (default: --run-dir's name)"
+    )
+    _flag(g, "--wandb-run-id", help="W&B run id: resumes that run when it exists")
+    _flag(
+        g,
+        "--wandb-mode",
+        help="online; offline (no network: upload later with `wandb sync`); disabled",
+    )
+    _flag(g, "--wandb-dir", help="where W&B writes its run folder (default: --run-dir)")
+    _flag(g, "--wandb-host", help="base URL of a W&B server other than the public one")
+
 
 def _file_values(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     file = Path(path)
@@ -566,6 +621,13 @@ def config_from_namespace(
     values.update(genrm_instances=dict(layout.genrm), layout=layout, plan=plan)
     if ns.train_backend == "megatron":
         values["megatron"] = _megatron(ns, plan)
+    if ns.use_wandb:
+        from rl_core.wandb_mirror import WandbNotInstalledError, require_wandb
+
+        try:
+            require_wandb()  # refused here, before Ray starts
+        except WandbNotInstalledError as err:
+            raise ConfigError(str(err)) from err
     try:
         return TrainConfig(**values)
     except ValidationError as err:

@@ -19,7 +19,13 @@ from rl_core.sample import Sample
 #: how long math-verify may take over one evaluation answer before it counts as undecided
 VERIFY_TIMEOUT_S = 5.0
 
-__all__ = ["panel_agreement", "rule_agreement", "verdict_source", "verified_pass1"]
+__all__ = [
+    "disagrees_with_rule",
+    "panel_agreement",
+    "rule_agreement",
+    "verdict_source",
+    "verified_pass1",
+]
 
 #: where a sample's reward came from (:func:`verdict_source`) when the judge decided it
 JUDGED = ("judge", "judge_cache", "judge_unparsed")
@@ -65,6 +71,17 @@ def panel_agreement(samples: Sequence[Sample], prefix: str) -> dict[str, Any]:
     return metrics
 
 
+def disagrees_with_rule(source: str, reward: float | None, rule: Any) -> bool | None:
+    """Whether a judged verdict disagrees with math-verify's decided view of the answer (a
+    reply without a clean verdict does); None where they are not comparable (not judged, or
+    math-verify undecided). The one rule of :func:`rule_agreement` and ``rl-core show``."""
+    if source not in JUDGED or rule not in ("equal", "not_equal"):
+        return None
+    if source == "judge_unparsed" or reward is None:
+        return True
+    return bool((reward >= 0.5) != (rule == "equal"))
+
+
 def rule_agreement(
     samples: Sequence[Sample], sources: Sequence[str], prefix: str
 ) -> dict[str, Any]:
@@ -72,12 +89,11 @@ def rule_agreement(
     ``{prefix}judge_rule_compared``, over judged samples that math-verify decided."""
     agree = compared = 0
     for sample, source in zip(samples, sources, strict=True):
-        rule = sample.reward_details.get("rule")
-        if source not in JUDGED or rule not in ("equal", "not_equal"):
+        differs = disagrees_with_rule(source, sample.reward, sample.reward_details.get("rule"))
+        if differs is None:
             continue
         compared += 1
-        if source != "judge_unparsed" and sample.reward is not None:
-            agree += int((sample.reward >= 0.5) == (rule == "equal"))
+        agree += int(not differs)
     return {
         f"{prefix}judge_rule_agreement": agree / compared if compared else None,
         f"{prefix}judge_rule_compared": compared,

@@ -33,6 +33,7 @@ from rl_core.metrics import (
     PhaseClock,
     PhaseTimes,
     clear_run_records,
+    read_metrics,
 )
 from rl_core.placement import render_plan
 from rl_core.rewards import reward_setup
@@ -41,6 +42,7 @@ from rl_core.specs import resolve_rollout_engine, rollout_seeded
 from rl_core.stopping import StopRequest
 from rl_core.terminal import make_console
 from rl_core.trainer import GRPOTrainer
+from rl_core.wandb_mirror import WandbMirror
 
 logger = logging.getLogger(__name__)
 
@@ -92,12 +94,31 @@ async def run_training(
     With ``stop``, SIGTERM / SIGINT are handled from the moment Ray is up: during start-up
     they cancel the run, in the loop they stop it at a safe point with the last completed step
     saved; the status is then ``stop.exit_code`` and ``stop_report`` says what was saved.
+    With ``--use-wandb`` the W&B run starts first (a refused start costs no Ray start-up) and
+    is closed however the run ends.
     """
     apply_ray_env_defaults(disable_auth=True)
     console = console or make_console(stderr=True)
+    run_dir = await asyncio.to_thread(_prepare_run_dir, cfg)
+    mirror = await asyncio.to_thread(WandbMirror, cfg, run_dir) if cfg.use_wandb else None
+    status = 1
+    try:
+        status = await _run_training(cfg, console, stop, run_dir, mirror)
+        return status
+    finally:
+        if mirror is not None:
+            await asyncio.to_thread(mirror.finish, status)
+
+
+async def _run_training(
+    cfg: TrainConfig,
+    console: Console,
+    stop: StopRequest | None,
+    run_dir: Path,
+    mirror: WandbMirror | None,
+) -> int:
     clock = PhaseClock(console)
     startup: PhaseTimes = {}
-    run_dir = await asyncio.to_thread(_prepare_run_dir, cfg)
     console.print(render_plan(cfg.plan))
     rollout_engine = resolve_rollout_engine(cfg)  # refused here, before anything starts
 
@@ -150,7 +171,7 @@ async def run_training(
             reference=services.groups.get("reference"),
             actor_fwd=services.groups.get("actor_fwd"),
             overlap=cfg.plan.phases_overlap,
-            metrics=MetricsWriter(run_dir),
+            metrics=MetricsWriter(run_dir, mirror=mirror),
             clock=clock,
             weight_sync=weight_sync,
             memory_probe=GpuMemoryProbe(learner, every_engine) if realized.use_gpus else None,
@@ -169,8 +190,11 @@ async def run_training(
 
     from rl_core.plot import plot_run
     from rl_core.summary import render_summary
+    from rl_core.watch import read_watch, watch_warnings
 
     figures = plot_run(run_dir)
+    records = read_metrics(run_dir)
+    warnings = watch_warnings(records, read_watch(run_dir))
     render_summary(
         history,
         mode=cfg.mode,
@@ -180,11 +204,18 @@ async def run_training(
         console=make_console(),
         notes=run_notes(cfg),
         evals=evaluation.history,
+        records=records,
+        warnings=warnings,
     )
     stdout = make_console()
     stdout.print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
     if cfg.save_hf:
         stdout.print(f"[bold]model[/]: {cfg.save_hf} (HF folder, {cfg.save_hf_dtype})")
+    if mirror is not None:
+        mirror.log_figures(figures)
+        mirror.log_summary({"watch/warnings": warnings})
+        how = "offline, upload with `wandb sync` " if mirror.mode == "offline" else ""
+        stdout.print(f"[bold]W&B[/]: {how}{mirror.where}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Every deadline of rl-core, written once: the other modules import them from here.
+"""Every deadline of rl-core, and the thresholds of its reward-hacking watch, written once: the
+other modules import them from here.
 
 Before, rl-core kept its own 1800 / 600 s values in four modules, and the calls to trainer ranks
 had no deadline at all (they relied on torch.distributed's own). The rule, as in genrm-serve's
@@ -26,6 +27,12 @@ __all__ = [
     "TRAINER_PROBE_TIMEOUT_S",
     "TRAINER_START_TIMEOUT_S",
     "WAIT_WORD_EVERY_S",
+    "WATCH_FALSE_PASS_SHARE",
+    "WATCH_LENGTH_GROWTH",
+    "WATCH_LENGTH_GROWTH_CORR",
+    "WATCH_LEN_REWARD_CORR",
+    "WATCH_MIN_SAMPLES",
+    "WATCH_NEUTRALISED_SHARE",
     "WEIGHT_GROUP_TIMEOUT_S",
 ]
 
@@ -66,3 +73,25 @@ TRAINER_CALL_TIMEOUT_S: Final = 3600.0
 #: A question to the trainer ranks that computes nothing (where they run, their memory, rank 0's
 #: address).
 TRAINER_PROBE_TIMEOUT_S: Final = 60.0
+
+# ---- the reward-hacking watch (``rl_core.watch``) ------------------------------------------------
+# Not deadlines: the shares and correlations past which the closing summary (and ``rl-core show``)
+# prints a warning line. Each step's ``watch/`` metrics are recorded whatever their value.
+
+#: Share of a step's judged answers that the judge passed (a 1) and math-verify proved unequal to
+#: the reference (``--rule-audit``): past it, the policy may have found what fools the judge.
+WATCH_FALSE_PASS_SHARE: Final = 0.10
+#: Pearson correlation of response length with reward within a step: past it, longer answers are
+#: being paid for being long.
+WATCH_LEN_REWARD_CORR: Final = 0.5
+#: The fewest samples a step needs before its own share or correlation is read as a signal (the
+#: shares are also read over the whole run, whatever the steps' sizes).
+WATCH_MIN_SAMPLES: Final = 8
+#: The mean response length of the last step over the first's: past it, while the run's mean
+#: correlation of length with reward is above :data:`WATCH_LENGTH_GROWTH_CORR`, the summary
+#: warns that the length grows with the reward.
+WATCH_LENGTH_GROWTH: Final = 1.5
+WATCH_LENGTH_GROWTH_CORR: Final = 0.2
+#: Share of a step's judged answers whose text the prompt builder had to neutralise (template
+#: tokens, block markers, template headers, judge-directed lines).
+WATCH_NEUTRALISED_SHARE: Final = 0.05

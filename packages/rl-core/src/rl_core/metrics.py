@@ -1,7 +1,10 @@
 """Per-step metrics to a JSONL file and TensorBoard, a rich progress line per phase, GPU memory.
 
 The JSONL file (``RUN_DIR/metrics.jsonl``, one object per step, flat ``section/name`` keys) is the
-record ``rl-core plot`` and tests read; TensorBoard (``RUN_DIR/tb``) is for people. Every phase's
+record ``rl-core plot``, ``rl-core show`` and tests read; TensorBoard (``RUN_DIR/tb``) is for
+people, and so is a :class:`RunMirror` such as W&B (``--use-wandb``, ``rl_core.wandb_mirror``),
+which is handed each record and each step's samples as they were written to the files, so every
+view shows what the run's files hold. Every phase's
 seconds, of start-up and of each step, come from :class:`PhaseClock`, so "time per phase" in the
 metrics and the summary are the same numbers the progress display showed. :class:`GpuMemoryProbe`
 reads the memory every GPU of the run uses, for the step's ``mem/`` metrics.
@@ -16,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -36,13 +39,27 @@ MemoryProbe = Callable[[], Awaitable[dict[str, float]]]
 PhaseTimes = dict[str, float]
 
 
-class MetricsWriter:
-    """Appends one JSON object per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
+class RunMirror(Protocol):
+    """Another view of the run's records (W&B): handed what was just written to the files."""
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True) -> None:
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        """One line of ``metrics.jsonl`` (``step`` and ``time`` included)."""
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """The rows of ``samples/step_N.jsonl``."""
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard
+    (and every record to ``mirror``, when the run has one)."""
+
+    def __init__(
+        self, run_dir: str | Path, *, tensorboard: bool = True, mirror: RunMirror | None = None
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
+        self.mirror = mirror
         self._tb: Any = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -51,23 +68,38 @@ class MetricsWriter:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **metrics}
+        line = json.dumps(record, default=str)
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, default=str) + "\n")
+            f.write(line + "\n")
         if self._tb is not None:
             for key, value in metrics.items():
                 numeric = isinstance(value, int | float) and not isinstance(value, bool)
                 if numeric and math.isfinite(value):
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
+        if self.mirror is not None:
+            self.mirror.log(step, json.loads(line))  # the record as the file holds it
 
-    def log_samples(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def log_samples(
+        self, name: str, rows: list[dict[str, Any]], *, step: int | None = None
+    ) -> None:
         """Write one step's samples (question, response, reward, verdict source, ...) to
-        ``RUN_DIR/samples/<name>.jsonl``: what the policy said and what the judge made of it."""
+        ``RUN_DIR/samples/<name>.jsonl``: what the policy said and what the judge made of it.
+        With ``step``, the mirror gets them too (as a table)."""
         folder = self.run_dir / "samples"
         folder.mkdir(exist_ok=True)
+        lines = [json.dumps(row, default=str) for row in rows]
         with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, default=str) + "\n")
+            for line in lines:
+                f.write(line + "\n")
+        if self.mirror is not None and step is not None:
+            self.mirror.log_samples(step, [json.loads(line) for line in lines])
+
+    def log_watch(self, step: int, examples: dict[str, Any]) -> None:
+        """The reward-hacking watch's examples of a step, to ``RUN_DIR/watch.jsonl``."""
+        from rl_core.watch import write_watch
+
+        write_watch(self.run_dir, step, examples)
 
     def has_step(self, step: int) -> bool:
         """Whether ``metrics.jsonl`` holds a record of ``step`` (a resume's checkpoint step was
@@ -76,24 +108,13 @@ class MetricsWriter:
 
     def truncate(self, step: int) -> int:
         """Forget every step after ``step`` (a resume from its checkpoint redoes them): the
-        records of ``metrics.jsonl``, the sample files, and TensorBoard's events (a writer with
-        ``purge_step`` tells TensorBoard to drop them). Returns the records removed."""
-        removed = 0
-        if self.path.is_file():
-            kept = []
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    removed += 1  # a line cut short by the crash that made this a resume
-                    continue
-                if int(record.get("step", 0)) <= step:
-                    kept.append(line)
-                else:
-                    removed += 1
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-            tmp.replace(self.path)
+        records of ``metrics.jsonl`` and of the watch's ``watch.jsonl``, the sample files, and
+        TensorBoard's events (a writer with ``purge_step`` tells TensorBoard to drop them).
+        Returns the records of ``metrics.jsonl`` removed."""
+        from rl_core.watch import WATCH_FILE
+
+        removed = _truncate_jsonl(self.path, step)
+        _truncate_jsonl(self.run_dir / WATCH_FILE, step)
         for f in (self.run_dir / "samples").glob("step_*.jsonl"):
             number = f.stem.removeprefix("step_")
             if number.isdigit() and int(number) > step:
@@ -109,6 +130,29 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _truncate_jsonl(path: Path, step: int) -> int:
+    """Keep the lines of ``path`` whose ``step`` is at most ``step``; returns the lines removed
+    (a line cut short by the crash that made this a resume is one of them)."""
+    if not path.is_file():
+        return 0
+    removed = 0
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            removed += 1
+            continue
+        if int(record.get("step", 0)) <= step:
+            kept.append(line)
+        else:
+            removed += 1
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
+    return removed
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -249,14 +293,17 @@ class GpuMemoryProbe:
 
 def clear_run_records(run_dir: str | Path) -> list[Path]:
     """Remove what a run wrote into ``run_dir`` as it went (``metrics.jsonl``, the sample
-    dumps, TensorBoard's events; the plots are redrawn at the end), so that a run started there
-    with ``--overwrite-run-dir`` does not add its records to another run's. Returns what was
-    removed."""
+    dumps, the watch's examples, TensorBoard's events; the plots are redrawn at the end), so
+    that a run started there with ``--overwrite-run-dir`` does not add its records to another
+    run's. Returns what was removed. W&B's folder stays: its offline runs may not be synced
+    yet, and each is a run of its own."""
     import shutil
+
+    from rl_core.watch import WATCH_FILE
 
     root = Path(run_dir)
     removed = []
-    for name in (METRICS_FILE, "samples", "tb"):
+    for name in (METRICS_FILE, "samples", WATCH_FILE, "tb"):
         path = root / name
         if path.is_dir():
             shutil.rmtree(path)

@@ -1,5 +1,6 @@
-"""The closing summary of a run: what happened in each phase of each step, and where the
-verdicts came from (the math-verify rule gate, the judge, the verdict cache, or a failure)."""
+"""The closing summary of a run: what happened in each phase of each step, where the verdicts
+came from (the math-verify rule gate, the judge, the verdict cache, or a failure), and what the
+reward-hacking watch saw (``rl_core.watch``), with a warning line per threshold crossed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from rl_core.terminal import make_console
 from rl_core.trainer import StepRecord
+from rl_core.watch import length_trend, watch_warnings
 
 PHASES = ("rollout", "reward", "reward_wait", "train", "wake", "weight_sync", "eval", "save")
 
@@ -177,6 +179,37 @@ def _eval_lines(history: Sequence[StepRecord], evals: Sequence[dict[str, Any]] |
     return lines
 
 
+def _sum(records: Sequence[dict[str, Any]], key: str) -> int:
+    return sum(int(r.get(key) or 0) for r in records)
+
+
+def watch_lines(
+    records: Sequence[dict[str, Any]], warnings: Sequence[str] | None = None
+) -> list[str]:
+    """The reward-hacking watch over the run (one line), then one warning line per threshold
+    crossed (``warnings``: ``watch_warnings``'s, with examples; default: without)."""
+    steps = [r for r in records if "watch/judged" in r]
+    if not steps:
+        return []
+    judged = _sum(steps, "watch/judged")
+    line = (
+        f"[bold]reward-hacking watch[/]: {_sum(steps, 'watch/false_pass')} of {judged} judged "
+        f"answers passed by the judge and proved wrong by math-verify, "
+        f"{_sum(steps, 'watch/neutralised')} carried text the judge prompt neutralised"
+    )
+    trend = length_trend(steps)
+    if trend is not None:
+        corr = trend["mean_corr"]
+        line += (
+            f"; response length {trend['first']:.1f} → {trend['last']:.1f} tokens (steps "
+            f"{trend['first_step']}-{trend['last_step']}, {trend['slope']:+.2f} per step), "
+            f"length-reward correlation {'-' if corr is None else f'{corr:.2f}'} on average"
+        )
+    if warnings is None:
+        warnings = watch_warnings(steps)
+    return [line] + [f"[bold red]watch warning[/]: {w}" for w in warnings]
+
+
 def render_summary(
     history: Sequence[StepRecord],
     *,
@@ -187,11 +220,14 @@ def render_summary(
     console: Console | None = None,
     notes: Sequence[str] = (),
     evals: Sequence[dict[str, Any]] | None = None,
+    records: Sequence[dict[str, Any]] | None = None,
+    warnings: Sequence[str] | None = None,
 ) -> None:
     """Print per-step phase times, reward statistics and verdict sources (and ``notes`` on
     how the run was set up, e.g. that KL is not computed). ``evals``: every evaluation of the
     run (the evaluation's ``history``, one before training included); else those in
-    ``history``."""
+    ``history``. ``records``: the run's ``metrics.jsonl`` (else the steps of ``history``), for
+    the reward-hacking watch; ``warnings``: its warning lines (``watch_warnings``)."""
     console = console or make_console()
     if precision:
         console.print(f"[bold]training precision[/]: {precision}")
@@ -210,6 +246,10 @@ def render_summary(
         console.print(line)
     console.print(_verdicts_table(history))
     for line in _eval_lines(history, evals):
+        console.print(line)
+    if records is None:
+        records = [{"step": h.step, **h.metrics} for h in history]
+    for line in watch_lines(records, warnings):
         console.print(line)
     if total_s is not None:
         console.print(f"[bold]wall time[/]: {total_s:.1f}s")

@@ -41,11 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rl_core.rewards import JudgeFailureError
     from rl_core.stopping import StopRequest
     from rl_core.trainer import NothingToTrainError
+    from rl_core.wandb_mirror import WandbStartError
 
     stop = StopRequest()
     try:
         status = _run(run_training(cfg, stop=stop))
-    except (PlacementError, PlacementUnavailableError) as err:
+    except (PlacementError, PlacementUnavailableError, WandbStartError) as err:
         print(f"rl-core train: {err}", file=sys.stderr)
         return 2
     except (asyncio.CancelledError, KeyboardInterrupt):

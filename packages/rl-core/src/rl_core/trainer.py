@@ -37,6 +37,7 @@ from rl_core.rollout import SEED_TRAIN, RolloutSettings, make_group
 from rl_core.sample import Sample, accuracy
 from rl_core.scoring import RolloutScorer, rollout_settings
 from rl_core.stopping import StopRequest
+from rl_core.watch import step_watch
 from rl_core.weight_sync import ObjectStoreSync, WeightSync
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,9 @@ class StepRecord:
     untrained: str | None = None
 
 
-def sample_row(s: Sample) -> dict[str, Any]:
-    """One sample as a JSON record for ``RUN_DIR/samples/``."""
+def sample_row(s: Sample, flags: Sequence[str] = ()) -> dict[str, Any]:
+    """One sample as a JSON record for ``RUN_DIR/samples/`` (``flags``: the reward-hacking
+    watch's, ``rl_core.watch``)."""
     return {
         "group": s.group_id,
         "index": s.index,
@@ -77,6 +79,7 @@ def sample_row(s: Sample) -> dict[str, Any]:
         "left_out": s.left_out,
         "weight_version": s.weight_version,
         "details": {k: v for k, v in s.reward_details.items() if k not in ("score", "status")},
+        "flags": list(flags),
     }
 
 
@@ -408,9 +411,13 @@ class GRPOTrainer:
                 "weights/version": self.weight_version,
             }
         )
-        verdicts = Counter(verdict_source(s) for s in batch)
+        sources = [verdict_source(s) for s in batch]
+        verdicts = Counter(sources)
         metrics.update({f"verdicts/{k}": v for k, v in verdicts.items()})
         metrics.update(judge_call_stats(batch))
+        # the reward-hacking watch: false passes, length against reward, neutralised text
+        watch, examples, flags = step_watch(batch, sources)
+        metrics.update(watch)
         if errors:
             logger.warning(
                 "step %d: %d of %d samples have no reward (judge_error, kept out of the loss); "
@@ -442,7 +449,9 @@ class GRPOTrainer:
         self._memory = {}
         # written before the checkpoint: a save that fails loses none of it
         self.metrics.log(step + 1, metrics)
-        self.metrics.log_samples(f"step_{step + 1:06d}", [sample_row(s) for s in batch])
+        rows = [sample_row(s, f) for s, f in zip(batch, flags, strict=True)]
+        self.metrics.log_samples(f"step_{step + 1:06d}", rows, step=step + 1)
+        self.metrics.log_watch(step + 1, examples)
         self.history.append(StepRecord(step + 1, metrics, times, verdicts, untrained))
         if self.checkpoints.due(step + 1):
             with self.clock.timed("save", times):
