@@ -256,3 +256,21 @@ def make_test_engine(model_path, engine_id="rollout-0"):
 @pytest.fixture(scope="session")
 def test_engine_factory():
     return make_test_engine
+
+
+@pytest.fixture
+def tiny_run_flags():
+    """The ``rl-core train`` flags of a two-step CPU run of the tiny random policy, colocated:
+    what the end-to-end tests of one feature share (each appends its own)."""
+    return [
+        "--num-rollout", "2",
+        "--rollout-batch-size", "2",
+        "--n-samples-per-prompt", "4",
+        "--rollout-max-response-len", "6",
+        # the tiny random policy is cut off at the limit: train on it
+        "--keep-cut-off",
+        "--rollout-temperature", "1.2",
+        "--lr", "1e-3",
+        "--colocate",
+        "--device", "cpu",
+    ]  # fmt: skip

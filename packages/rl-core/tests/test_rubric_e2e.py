@@ -39,7 +39,7 @@ def _expected(response: str, rubric: list[dict[str, object]]) -> float:
     return score / total
 
 
-async def test_rubric_with_a_panel_trains_two_steps(tmp_path, monkeypatch):
+async def test_rubric_with_a_panel_trains_two_steps(tmp_path, monkeypatch, tiny_run_flags):
     from genrm_serve.testing import build_tiny_model
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -87,24 +87,9 @@ async def test_rubric_with_a_panel_trains_two_steps(tmp_path, monkeypatch):
             "1",
             "--genrm-instances",
             json.dumps(judges),
-            "--num-rollout",
-            "2",
-            "--rollout-batch-size",
-            "2",
-            "--n-samples-per-prompt",
-            "4",
-            "--rollout-max-response-len",
-            "6",
-            "--keep-cut-off",
-            "--rollout-temperature",
-            "1.2",
-            "--lr",
-            "1e-3",
+            *tiny_run_flags,
             "--run-dir",
             str(run),
-            "--colocate",
-            "--device",
-            "cpu",
         ]
     )
     assert await run_training(cfg) == 0

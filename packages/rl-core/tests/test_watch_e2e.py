@@ -20,7 +20,9 @@ from rl_core.metrics import read_metrics
 pytestmark = pytest.mark.slow
 
 
-async def test_an_offline_wandb_run_of_a_cpu_training(tmp_path, monkeypatch, capsys):
+async def test_an_offline_wandb_run_of_a_cpu_training(
+    tmp_path, monkeypatch, capsys, tiny_run_flags
+):
     pytest.importorskip("wandb")
     from genrm_serve.testing import build_tiny_model
 
@@ -48,24 +50,9 @@ async def test_an_offline_wandb_run_of_a_cpu_training(tmp_path, monkeypatch, cap
             "--rule-audit",
             "--genrm-instances",
             json.dumps(judge),
-            "--num-rollout",
-            "2",
-            "--rollout-batch-size",
-            "2",
-            "--n-samples-per-prompt",
-            "4",
-            "--rollout-max-response-len",
-            "6",
-            "--keep-cut-off",
-            "--rollout-temperature",
-            "1.2",
-            "--lr",
-            "1e-3",
+            *tiny_run_flags,
             "--run-dir",
             str(run),
-            "--colocate",
-            "--device",
-            "cpu",
             "--use-wandb",
             "--wandb-mode",
             "offline",
