@@ -93,7 +93,7 @@ def test_round_robin_rounds_meet_new_opponents() -> None:
     assert len(pairs) == len(set(pairs)) == 3 * 8  # 24 pairs instead of 120
     met = Counter(i for p in pairs for i in p)
     assert set(met.values()) == {3}  # every response plays once per round
-    with pytest.raises(RewardConfigError, match="pairwise_rounds=16 .* has 15 rounds"):
+    with pytest.raises(RewardConfigError, match=r"pairwise_rounds=16 .* has 15 rounds"):
         round_robin(16, 16)
 
 
@@ -111,7 +111,9 @@ async def test_round_robin_group_of_8_costs_rounds_times_pairs() -> None:
 
 async def test_known_preferences_rank_the_group() -> None:
     values = [3, 1, 4, 0, 2]
-    results = await compute_score_batch(Args(), group(values), client=JudgeDouble(preferring(number)))
+    results = await compute_score_batch(
+        Args(), group(values), client=JudgeDouble(preferring(number))
+    )
     # all pairs, both orders: each response won against exactly the lower ones
     assert scores(results) == [v / 4 for v in values]
     assert [r["status"] for r in results] == ["ok"] * 5
@@ -150,7 +152,9 @@ async def test_biased_judge_with_real_preferences_keeps_the_ranking() -> None:
     both = await compute_score_batch(Args(), group(values), client=JudgeDouble(biased))
     s = scores(both)
     assert s == sorted(s) and s[0] < s[-1]  # still ranked by quality
-    both_reversed = await compute_score_batch(Args(), group(values[::-1]), client=JudgeDouble(biased))
+    both_reversed = await compute_score_batch(
+        Args(), group(values[::-1]), client=JudgeDouble(biased)
+    )
     assert scores(both_reversed) == s[::-1]  # and the position no longer matters
     assert 0 < flip_share(both) < 1  # the close pairs (differing by 1) flipped
 
@@ -277,7 +281,7 @@ async def test_no_deadline_uses_one_batch_and_waits() -> None:
     assert judge.batch_calls == 1 and all(r["status"] == "ok" for r in results)
 
 
-# --- defer mode ------------------------------------------------------------------------------------
+# --- defer mode ---------------------------------------------------------------------------------
 
 
 async def test_defer_mode_scores_each_group_of_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -289,3 +293,16 @@ async def test_defer_mode_scores_each_group_of_the_batch(monkeypatch: pytest.Mon
     results = await score_deferred(Args(deferred_rm_type="pairwise-genrm"), batch)
     assert scores(results) == [1.0, 0.0, 0.0, 1.0, 0.5]
     assert len(judge.calls) == 2 + 6  # pairs within a group only
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 8])
+@pytest.mark.parametrize("rounds", [1, 2, 3])
+def test_guaranteed_comparisons_is_what_the_pairing_gives(n: int, rounds: int) -> None:
+    from genrm_rewards.pairwise import guaranteed_comparisons
+
+    for pairing in ("all", "round-robin"):
+        pairs = pairs_of(n, pairing, min(rounds, max_rounds(n)))  # type: ignore[arg-type]
+        met = Counter(i for p in pairs for i in p)
+        least = min(met.get(i, 0) for i in range(n))
+        assert guaranteed_comparisons(n, pairing, rounds, True) == 2 * least  # type: ignore[arg-type]
+        assert guaranteed_comparisons(n, pairing, rounds, False) == least  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
-"""Reward functions that call GenRM judges (dapo-genrm, dual, agentic, pairwise), where a judge failure
-is reported as ``status="judge_error"`` with ``score=None`` — never as a reward of 0.
+"""Reward functions that call GenRM judges (dapo-genrm, dual, agentic, pairwise), where a judge
+failure is reported as ``status="judge_error"`` with ``score=None`` — never as a reward of 0.
 
 Contract: ``async def fn(args, sample) -> dict`` (``{"score", "status", "acc", "pred", ...}``)
 and its batch variant ``async def fn(args, samples) -> list[dict]``; see ``genrm_rewards.types``.

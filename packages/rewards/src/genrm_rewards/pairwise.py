@@ -56,6 +56,7 @@ __all__ = [
     "build_messages",
     "compute_score",
     "compute_score_batch",
+    "guaranteed_comparisons",
     "max_rounds",
     "pairs_of",
     "round_robin",
@@ -145,6 +146,19 @@ def pairs_of(n: int, pairing: Pairing, rounds: int) -> list[tuple[int, int]]:
     if pairing == "all":
         return [(i, j) for i in range(n) for j in range(i + 1, n)]
     return round_robin(n, rounds)
+
+
+def guaranteed_comparisons(n: int, pairing: Pairing, rounds: int, both_orders: bool) -> int:
+    """The comparisons every response of a group of ``n`` is asked in (before failures): a
+    ``pairwise_min_comparisons`` above it makes some response a ``judge_error`` every time.
+    With an odd ``n`` a round robin gives a bye per round, so someone plays a round less."""
+    orders = 2 if both_orders else 1
+    if n < 2:
+        return 0
+    if pairing == "all":
+        return (n - 1) * orders
+    played = min(rounds, max_rounds(n))
+    return (played if n % 2 == 0 else played - 1) * orders
 
 
 # --- outcomes into scores ------------------------------------------------------------------------

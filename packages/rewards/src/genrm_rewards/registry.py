@@ -3,10 +3,11 @@
 Built-ins: ``dapo-genrm`` (LLM judge vs reference), ``math`` (math-verify, no judge), ``dummy``
 (defer mode placeholder), ``dual-genrm`` (quality + safety judges), ``agentic-genrm`` (a judge
 per trajectory module), ``pairwise-genrm`` (a group's responses compared in pairs; group-level:
-it has only a batch variant, see :func:`is_group_level`). Every name has a batch variant: a native one where there is one
-(``dapo-genrm`` scores a group in one ``generate_batch``), else the per-sample function run
-concurrently over the batch. Custom functions must be ``async def fn(args, sample) -> dict``;
-loading checks that at start-up, not on the first sample.
+it has only a batch variant, see :func:`is_group_level`). Every name has a batch variant: a
+native one where there is one (``dapo-genrm`` scores a group in one ``generate_batch``), else
+the per-sample function run concurrently over the batch. Custom functions must be
+``async def fn(args, sample) -> dict``; loading checks that at start-up, not on the first
+sample.
 """
 
 from __future__ import annotations
