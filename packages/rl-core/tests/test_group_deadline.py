@@ -205,7 +205,8 @@ async def test_pairwise_inline_under_a_deadline(tmp_path: Any) -> None:
 class _Phases:
     """The part of the phase machine the built-in hook touches (no reward phase)."""
 
-    phases: dict[str, Any] = {}
+    def __init__(self) -> None:
+        self.phases: dict[str, Any] = {}
 
     def judges(self) -> list[str]:
         return []
