@@ -306,3 +306,49 @@ def test_guaranteed_comparisons_is_what_the_pairing_gives(n: int, rounds: int) -
         least = min(met.get(i, 0) for i in range(n))
         assert guaranteed_comparisons(n, pairing, rounds, True) == 2 * least  # type: ignore[arg-type]
         assert guaranteed_comparisons(n, pairing, rounds, False) == least  # type: ignore[arg-type]
+
+
+async def test_readme_worked_example() -> None:
+    """The rewards README's pairwise-genrm example: three responses, all pairs, both orders,
+    a judge that prefers the better response but leans to the first one on a close call."""
+    quality = {"Rayleigh": 2, "Sunlight": 1, "It reflects": 0}
+
+    def judged(text: str) -> float:
+        return next(v for k, v in quality.items() if text.startswith(k))
+
+    group = [
+        GroupSample(
+            prompt="Why is the sky blue?",
+            label=None,
+            response="Rayleigh scattering: air scatters short (blue) wavelengths most.",
+        ),
+        GroupSample(prompt="Why is the sky blue?", label=None, response="Sunlight scatters."),
+        GroupSample(prompt="Why is the sky blue?", label=None, response="It reflects the sea."),
+    ]
+    rank = get_batch_reward_fn("pairwise-genrm")
+    judge = JudgeDouble(preferring(judged, first_bias=1.0))
+    results = await rank(Args(), group, client=judge)  # type: ignore[call-arg]
+    assert len(judge.calls) == 6
+    assert [r["score"] for r in results] == [0.75, 0.5, 0.25]
+    assert results[0] == {
+        "score": 0.75,
+        "acc": 1,
+        "pred": "won 3 of 4",
+        "status": "ok",
+        "route_key": None,
+        "details": {
+            "pairwise": {
+                "comparisons": 4,
+                "wins": 3.0,
+                "failed": 0,
+                "unparsed": 0,
+                "timed_out": 0,
+                "opponents": [1, 2],
+                "both_order_pairs": 2,
+                "flipped_pairs": 1,
+                "score_rule": "win_rate",
+                "group_size": 3,
+            }
+        },
+    }
+    assert flip_share(results) == pytest.approx(2 / 3)  # rl-core: rollout/pairwise_flip_share
