@@ -185,7 +185,7 @@ def main() -> None:
     parser.add_argument(
         "--sampling-config", default='{"temperature": 0.0, "max_response_len": 2}', help="JSON"
     )
-    parser.add_argument("--num-cpus", type=int, default=2, help="Ray CPUs when starting serve")
+    parser.add_argument("--num-cpus", type=int, default=4, help="Ray CPUs (logical) when starting")
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds")

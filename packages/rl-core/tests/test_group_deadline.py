@@ -234,3 +234,30 @@ async def test_pairwise_in_defer_mode_with_and_without_a_deadline(tmp_path: Any)
             assert [s.status for s in batch][:4] == ["ok"] * 4
             assert batch[4].status == "judge_timeout" and batch[4].reward is None
             assert [s.reward for s in batch[:4]] == [0.0, 1.0, 1.0, 0.0]
+
+
+def test_the_step_metrics_count_timeouts_lone_responses_and_flips() -> None:
+    from rl_core.trainer import GRPOTrainer, sample_row
+
+    group = _group(0, ["a", "b", "c"])
+    pair = {"both_order_pairs": 2, "flipped_pairs": 1, "comparisons": 4}
+    group[0].apply_reward({"score": 0.75, "status": "ok", "details": {"pairwise": pair}})
+    group[1].apply_reward({"score": 0.25, "status": "ok", "details": {"pairwise": pair}})
+    group[2].apply_reward({"score": None, "status": "judge_timeout", "error": "late"})
+    lone = _group(1, ["d", "e"])
+    lone[0].apply_reward({"score": 1.0, "status": "ok"})
+    lone[1].apply_reward({"score": None, "status": "judge_timeout", "error": "late"})
+    from rl_core.group_deadline import leave_lone_out
+
+    assert leave_lone_out(group) == 0 and leave_lone_out(lone) == 1
+    m = GRPOTrainer._rollout_metrics(None, group + lone)  # type: ignore[arg-type]
+    assert m["rollout/judge_timeouts"] == 2 and m["rollout/no_baseline"] == 1
+    assert m["rollout/in_loss"] == 2
+    assert m["rollout/pairwise_flip_share"] == 0.5 and m["rollout/pairwise_pairs"] == 2
+    row = sample_row(group[2])
+    assert (row["status"], row["reward"], row["left_out"]) == (
+        "judge_timeout",
+        None,
+        "judge_timeout",
+    )
+    assert pairwise_flips(lone, "rollout/") == {}  # another reward's samples: no such metric
