@@ -1,8 +1,10 @@
 """What ranking a group in pairs costs: pairwise-genrm's judgments/s next to single judgments.
 
 One run, one judge service (local Ray + genrm-serve, the embedded Gemma 3 270M judge on the hf
-engine by default, started as ``judge_agreement.py`` starts it), rows in turn, each repeated
-``--repeats`` times on fresh questions (the median is reported):
+engine by default, started as ``judge_agreement.py`` starts it), the rows interleaved (one of
+each, ``--repeats`` times, after a warm-up round) on fresh questions; each row's median, and the
+median of its speed against the single judgments of the same round (on a shared machine the
+load drifts between rounds, not within one):
 
 * ``pairwise, round robin``: one GRPO group of ``--group-size`` responses to one question,
   ``--rounds`` rounds of a round robin, each pair asked in both orders —
@@ -90,6 +92,13 @@ def _prompt_chars(calls: list[list[dict[str, str]]]) -> float:
     return statistics.fmean(len(m[-1]["content"]) for m in calls)
 
 
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
 class Counting:
     """The client, counting the requests and their prompts' lengths."""
 
@@ -118,50 +127,62 @@ async def measure(ns: argparse.Namespace, client: Any) -> dict[str, Any]:
         "pairwise_pairing": "round-robin",
         "pairwise_rounds": ns.rounds,
     }
-    rows: dict[str, dict[str, Any]] = {}
-
-    async def row(name: str, run: Any, samples: list[Sample], args: dict[str, Any]) -> None:
-        times, clean, chars = [], [], []
-        for rep in range(ns.repeats + 1):  # the first is a warm-up, not counted
+    groups = [pairwise_group(rng, ns.group_size, g) for g in range(ns.repeats + 1)]
+    late = [pairwise_group(rng, ns.group_size, g) for g in range(ns.repeats + 1)]
+    singles = [unrelated(rng, comparisons) for _ in range(ns.repeats + 1)]
+    g = ns.group_size
+    plan = [
+        (f"pairwise, round robin of {g}", pairwise.compute_score_batch, groups, base),
+        (
+            f"pairwise, round robin of {g}, with a deadline",
+            pairwise.compute_score_batch,
+            late,
+            {**base, "group_judge_deadline_s": ns.timeout_s},
+        ),
+        (
+            f"{comparisons} unrelated single judgments",
+            dapo_genrm.compute_score_batch,
+            singles,
+            base,
+        ),
+    ]
+    seen: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name, *_ in plan}
+    # interleaved (ABC ABC ...): on a shared machine the load drifts, and each repetition's
+    # rows then see about the same load; the first repetition is a warm-up, not counted
+    for rep in range(ns.repeats + 1):
+        for name, run, samples, args in plan:
             counting = Counting(client)
             t0 = time.perf_counter()
             results = await run(argparse.Namespace(**args), samples[rep], client=counting)
             seconds = time.perf_counter() - t0
-            if rep == 0:
-                continue
-            times.append(seconds)
-            chars.append(_prompt_chars(counting.prompts))
             n = len(counting.prompts)
             if name.startswith("pairwise"):
                 ok = sum(r["details"]["pairwise"]["comparisons"] for r in results) / 2
             else:
                 ok = sum(1 for r in results if r["status"] == "ok")
-            clean.append(ok / n)
-        wall = statistics.median(times)
+            if rep:
+                seen[name].append((seconds, _prompt_chars(counting.prompts), ok / n, n))
+    single = seen[plan[-1][0]]
+    ratios = {
+        name: [s[0] / r[0] for r, s in zip(runs, single, strict=True)]
+        for name, runs in seen.items()
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    for name, runs in seen.items():
+        wall = statistics.median(t for t, *_ in runs)
+        n = runs[0][3]
         rows[name] = {
             "judgments": n,
             "judgments_per_s": round(n / wall, 2),
             "median_s": round(wall, 3),
-            "prompt_chars_mean": round(statistics.fmean(chars)),
-            "clean_verdict_share": round(statistics.fmean(clean), 3),
+            # per repetition, against the single judgments of the same repetition
+            "speed_vs_single_median": round(statistics.median(ratios[name]), 2),
+            # the middle half of the rounds' ratios: how far the machine's load moved them
+            "speed_vs_single_quartiles": [round(q, 2) for q in _quartiles(ratios[name])],
+            "prompt_chars_mean": round(statistics.fmean(c for _, c, _, _ in runs)),
+            "clean_verdict_share": round(statistics.fmean(k for _, _, k, _ in runs), 3),
         }
         print(f"  {name}: {rows[name]}", file=sys.stderr, flush=True)
-
-    groups = [pairwise_group(rng, ns.group_size, g) for g in range(ns.repeats + 1)]
-    await row(
-        f"pairwise, round robin of {ns.group_size}", pairwise.compute_score_batch, groups, base
-    )
-    groups = [pairwise_group(rng, ns.group_size, g) for g in range(ns.repeats + 1)]
-    await row(
-        f"pairwise, round robin of {ns.group_size}, with a deadline",
-        pairwise.compute_score_batch,
-        groups,
-        {**base, "group_judge_deadline_s": ns.timeout_s},
-    )
-    singles = [unrelated(rng, comparisons) for _ in range(ns.repeats + 1)]
-    await row(
-        f"{comparisons} unrelated single judgments", dapo_genrm.compute_score_batch, singles, base
-    )
     return rows
 
 
@@ -189,7 +210,7 @@ def main() -> None:
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per row")
+    parser.add_argument("--repeats", type=int, default=8, help="timed repeats per row")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="client deadline per call")
     parser.add_argument("--json-out", type=Path, default=None)
