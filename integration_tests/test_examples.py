@@ -61,6 +61,7 @@ MODES = {
     "run-qwen35-35B-A3B-16xgpu-genrm-397B-defer.sh": "colocate-defer-swap",
     "run-qwen3-4B-8xgpu-dual-genrm-split.sh": "colocate-split",
     "run-qwen3-4B-8xgpu-rubric-panel-split.sh": "colocate-split",
+    "run-qwen3-4B-8xgpu-pairwise-genrm-split.sh": "colocate-split",
 }
 DEFER = "run-qwen35-35B-A3B-16xgpu-genrm-397B-defer.sh"
 DUAL = "run-qwen3-4B-8xgpu-dual-genrm-split.sh"

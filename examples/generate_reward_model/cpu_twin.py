@@ -104,6 +104,14 @@ TWINS: dict[str, list[str]] = {
                         "engine": "scripted"},
         }),
     ],
+    # a group of the twin's 4 samples: 3 rounds meet every other response once, both orders
+    "run-qwen3-4B-8xgpu-pairwise-genrm-split.sh": [
+        "--resource", '{"actor": [1, 2], "rollout": [1, 1], "genrm": [1, 1]}',
+        "--rollout-num-gpus", "1",
+        "--n-samples-per-prompt", "4", "--global-batch-size", "8",
+        "--genrm-model-path", scripted_judge(default="1"),
+        *_JUDGE,
+    ],
 }  # fmt: skip
 
 

@@ -127,3 +127,23 @@ def test_auto_resolves_scripted_model_paths() -> None:
     other = spec.model_copy(update={"model_path": "/models/x"})
     assert resolve_engine_kind(other) in {"hf", "sglang"}
     assert resolve_engine_kind(other.model_copy(update={"engine": "hf"})) == "hf"
+
+
+def _comparison(a: str, b: str) -> str:
+    return (
+        f"Which is better?\n[Response A]:\n<<<BEGIN RESPONSE A>>>\n| {a}\n<<<END RESPONSE A>>>\n"
+        f"[Response B]:\n<<<BEGIN RESPONSE B>>>\n| {b}\n<<<END RESPONSE B>>>\nJudgement:"
+    )
+
+
+async def test_a_pairwise_judge_with_known_preferences_and_a_position_bias() -> None:
+    fair = await _engine("scripted:" + json.dumps({"prefer": ["best", "good"], "default": "x"}))
+    pairs = [("good", "best"), ("best", "good"), ("good", "meh"), ("meh", "good"), ("meh", "no")]
+    outs = await fair.generate([_req(_comparison(a, b)) for a, b in pairs])
+    assert [o.text for o in outs] == ["0", "1", "1", "0", "1"]  # a tie goes to A
+    assert (await fair.generate([_req("no blocks here")]))[0].text == "x"
+    biased = await _engine("scripted:" + json.dumps({"prefer": ["best", "good"], "first_bias": 1}))
+    outs = await biased.generate([_req(_comparison(a, b)) for a, b in pairs])
+    # one rank for free: A wins the close pairs in either order, the clear one still decides
+    assert [o.text for o in outs] == ["1", "1", "1", "1", "1"]
+    assert [o.text for o in await biased.generate([_req(_comparison("meh", "best"))])] == ["0"]

@@ -106,3 +106,36 @@ def answer_block(messages: list[dict[str, str]]) -> str:
     start = text.index("<<<BEGIN MODEL ANSWER>>>")
     end = text.index("<<<END MODEL ANSWER>>>") + len("<<<END MODEL ANSWER>>>")
     return text[start:end]
+
+
+def _quoted(text: str, tag: str) -> str:
+    start = text.index(f"<<<BEGIN {tag}>>>\n") + len(f"<<<BEGIN {tag}>>>\n")
+    end = text.index(f"\n<<<END {tag}>>>")
+    return "\n".join(line.removeprefix("| ") for line in text[start:end].split("\n"))
+
+
+def pairwise_responses(messages: list[dict[str, str]]) -> tuple[str, str]:
+    """Responses A and B of a pairwise-genrm comparison prompt, unquoted."""
+    text = prompt_text(messages)
+    return _quoted(text, "RESPONSE A"), _quoted(text, "RESPONSE B")
+
+
+def preferring(
+    quality: Callable[[str], float],
+    *,
+    first_bias: float = 0.0,
+    fail_when: str | None = None,
+) -> Script:
+    """A pairwise judge with known preferences: "1" (A better) when ``quality(A) + first_bias``
+    is at least ``quality(B)``, else "0". ``first_bias`` > 0 is a judge that favours whatever it
+    reads first; ``fail_when``: a comparison quoting that text fails (as a timed-out call)."""
+
+    def script(messages: list[dict[str, str]], route_key: str | None) -> Reply:
+        a, b = pairwise_responses(messages)
+        if fail_when is not None and (fail_when in a or fail_when in b):
+            from genrm_client import GenRMTimeoutError
+
+            return GenRMTimeoutError(f"judge timed out on a comparison quoting {fail_when!r}")
+        return "1" if quality(a) + first_bias >= quality(b) else "0"
+
+    return script

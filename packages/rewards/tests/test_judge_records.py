@@ -128,3 +128,13 @@ async def test_a_rubric_and_a_panel_record_every_call() -> None:
     panel = Args(verdict_cache=False, judge_panel="a,b")
     asked = await dapo_genrm.compute_score(panel, _sample(), client=judge)
     assert [r["route_key"] for r in asked["judge_calls"]] == ["a", "b"]
+
+
+async def test_each_response_of_a_pairwise_group_records_its_comparisons() -> None:
+    from genrm_rewards import pairwise
+
+    group = [Sample(response=f"Answer: {a}", label="42", metadata={}) for a in ("42", "41", "40")]
+    results = await pairwise.compute_score_batch(Args(), group, client=MetaJudge("1"))
+    # all pairs of 3, both orders: 6 calls, each response in 4 of them
+    assert [len(r["judge_calls"]) for r in results] == [4, 4, 4]
+    assert all(c["engine"] == "__default__/1" for r in results for c in r["judge_calls"])

@@ -1,5 +1,5 @@
-"""Reward functions that call GenRM judges (dapo-genrm, dual, agentic), where a judge failure
-is reported as ``status="judge_error"`` with ``score=None`` — never as a reward of 0.
+"""Reward functions that call GenRM judges (dapo-genrm, dual, agentic, pairwise), where a judge
+failure is reported as ``status="judge_error"`` with ``score=None`` — never as a reward of 0.
 
 Contract: ``async def fn(args, sample) -> dict`` (``{"score", "status", "acc", "pred", ...}``)
 and its batch variant ``async def fn(args, samples) -> list[dict]``; see ``genrm_rewards.types``.
@@ -14,6 +14,7 @@ from genrm_rewards.registry import (
     available,
     get_batch_reward_fn,
     get_reward_fn,
+    is_group_level,
     load_custom,
     register,
     resolve_reward_fn,
@@ -47,6 +48,7 @@ __all__ = [
     "available",
     "get_batch_reward_fn",
     "get_reward_fn",
+    "is_group_level",
     "load_custom",
     "register",
     "resolve_args",

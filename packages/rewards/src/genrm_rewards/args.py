@@ -80,6 +80,19 @@ class RewardArgs(BaseModel):
     #: the fewest members that must answer; failed members are then left out. ``None``: every
     #: member must answer, else the question is a ``judge_error``.
     judge_panel_quorum: int | None = Field(default=None, ge=1)
+    #: pairwise-genrm: which pairs of a group are compared (``all``: every pair; ``round-robin``:
+    #: ``pairwise_rounds`` rounds of a round robin, each response meeting one other per round).
+    pairwise_pairing: Literal["all", "round-robin"] = "all"
+    pairwise_rounds: int = Field(default=2, ge=1)
+    #: ask each pair in both orders (A/B and B/A), so a judge's first-position bias cancels.
+    pairwise_both_orders: bool = True
+    #: how the outcomes become one score per response: win rate, or Bradley–Terry strength.
+    pairwise_score: Literal["win_rate", "bradley_terry"] = "win_rate"
+    #: a response with fewer answered comparisons than this is a judge_error (never 0).
+    pairwise_min_comparisons: int = Field(default=1, ge=1)
+    #: a group's judging stops this long after its last response arrives; what is not judged
+    #: by then is ``judge_timeout`` (left out, never 0). ``None``: no deadline.
+    group_judge_deadline_s: float | None = Field(default=None, gt=0)
 
     @field_validator("judge_panel", mode="before")
     @classmethod

@@ -2,11 +2,13 @@
 
 Built-ins: ``dapo-genrm`` (LLM judge vs reference), ``math`` (math-verify, no judge), ``dummy``
 (defer mode placeholder), ``dual-genrm`` (quality + safety judges), ``agentic-genrm`` (a judge
-per trajectory module), ``rubric-genrm`` (weighted criteria, a judge question each). Every name
-has a batch variant: a native one where there is one (``dapo-genrm`` and ``rubric-genrm`` score
-a group in one ``generate_batch``), else the per-sample function run concurrently over the
-batch. Custom functions must be ``async def fn(args, sample) -> dict``;
-loading checks that at start-up, not on the first sample.
+per trajectory module), ``rubric-genrm`` (weighted criteria, a judge question each),
+``pairwise-genrm`` (a group's responses compared in pairs; group-level: it has only a batch
+variant, see :func:`is_group_level`). Every name has a batch variant: a native one where there
+is one (``dapo-genrm`` and ``rubric-genrm`` score a group in one ``generate_batch``), else the
+per-sample function run concurrently over the batch. Custom functions must be
+``async def fn(args, sample) -> dict``; loading checks that at start-up, not on the first
+sample.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from genrm_rewards import agentic, dapo_genrm, dual, rubric, rules
+from genrm_rewards import agentic, dapo_genrm, dual, pairwise, rubric, rules
 from genrm_rewards.errors import RewardConfigError
 from genrm_rewards.types import BatchRewardFn, RewardFn, SampleLike
 
@@ -27,6 +29,7 @@ __all__ = [
     "available",
     "get_batch_reward_fn",
     "get_reward_fn",
+    "is_group_level",
     "load_custom",
     "register",
     "resolve_reward_fn",
@@ -37,6 +40,8 @@ __all__ = [
 class _Entry:
     fn: RewardFn
     batch_fn: BatchRewardFn | None
+    #: scores a group as a whole (a response's score depends on the others): batch only
+    group_level: bool = False
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -50,9 +55,18 @@ def _is_async_callable(obj: Any) -> bool:
 
 
 def register(
-    name: str, fn: RewardFn, *, batch_fn: BatchRewardFn | None = None, replace: bool = False
+    name: str,
+    fn: RewardFn,
+    *,
+    batch_fn: BatchRewardFn | None = None,
+    replace: bool = False,
+    group_level: bool = False,
 ) -> None:
-    """Make ``fn`` (and optionally its batch variant) available as ``--rm-type name``."""
+    """Make ``fn`` (and optionally its batch variant) available as ``--rm-type name``.
+
+    ``group_level``: the reward scores a GRPO group as a whole (``batch_fn`` is required and is
+    the only way to score; a trainer calls it once per complete group, see
+    :func:`is_group_level`)."""
     if not name or not isinstance(name, str):
         raise RewardConfigError(f"reward name must be a non-empty string, got {name!r}")
     if name in _REGISTRY and not replace:
@@ -62,7 +76,9 @@ def register(
             raise RewardConfigError(
                 f"reward {name!r}: {label}={obj!r} is not an async callable (async def)"
             )
-    _REGISTRY[name] = _Entry(fn, batch_fn)
+    if group_level and batch_fn is None:
+        raise RewardConfigError(f"reward {name!r}: a group-level reward needs a batch_fn")
+    _REGISTRY[name] = _Entry(fn, batch_fn, group_level)
 
 
 def available() -> list[str]:
@@ -79,6 +95,13 @@ def get_reward_fn(name: str) -> RewardFn:
             "(or load your own with --custom-rm-path module.func)"
         )
     return entry.fn
+
+
+def is_group_level(name: str) -> bool:
+    """Whether ``name`` scores a group as a whole (its batch variant, once the group is
+    complete) rather than each sample on its own."""
+    get_reward_fn(name)  # an unknown name is refused with the registered ones
+    return _REGISTRY[name].group_level
 
 
 def as_batch(fn: RewardFn) -> BatchRewardFn:
@@ -174,3 +197,9 @@ register("dummy", rules.dummy)
 register("dual-genrm", dual.compute_score)
 register("agentic-genrm", agentic.compute_score)
 register("rubric-genrm", rubric.compute_score, batch_fn=rubric.compute_score_batch)
+register(
+    "pairwise-genrm",
+    pairwise.compute_score,
+    batch_fn=pairwise.compute_score_batch,
+    group_level=True,
+)

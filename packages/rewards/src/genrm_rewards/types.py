@@ -11,6 +11,9 @@ A reward function is ``async def fn(args, sample) -> dict`` and its group/batch 
   ``score`` is ``None``, never 0: under GRPO a spurious 0 hands the rest of the group a false
   positive advantage, so the trainer must drop the sample from the loss and the group baseline.
 - ``"deferred"``: no score yet (``dummy`` in defer mode); a post-process step fills it in.
+- ``"judge_timeout"``: not judged before the group's deadline (``group_judge_deadline_s``);
+  ``score`` is ``None`` as for a judge error, but counted apart: a deadline is a choice, not
+  an outage.
 
 The types are plain dicts (``TypedDict``) so existing trainers that index ``result["score"]``
 keep working, and samples are a structural ``Protocol`` so any trainer's sample type fits.
@@ -34,9 +37,10 @@ __all__ = [
     "SampleLike",
     "deferred_result",
     "judge_error_result",
+    "judge_timeout_result",
 ]
 
-RewardStatus = Literal["ok", "unparsed", "judge_error", "deferred"]
+RewardStatus = Literal["ok", "unparsed", "judge_error", "deferred", "judge_timeout"]
 #: Statuses whose ``score`` is a real number a trainer may learn from.
 SCORED_STATUSES: frozenset[str] = frozenset({"ok", "unparsed"})
 
@@ -135,3 +139,16 @@ def judge_error_result(err: BaseException, *, route_key: str | None = None) -> R
 def deferred_result() -> RewardResult:
     """The inline placeholder of defer mode: 0 now, the real score after the batch."""
     return {"score": 0.0, "acc": 0, "pred": None, "status": "deferred"}
+
+
+def judge_timeout_result(deadline_s: float, *, route_key: str | None = None) -> RewardResult:
+    """A sample not judged by its group's deadline: score ``None`` (never 0), its own status."""
+    return {
+        "score": None,
+        "acc": None,
+        "pred": None,
+        "status": "judge_timeout",
+        "route_key": route_key,
+        "error": f"not judged within group_judge_deadline_s={deadline_s:g} of the group's last "
+        "response",
+    }

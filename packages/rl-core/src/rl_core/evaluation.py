@@ -119,6 +119,7 @@ def measure(samples: list[Sample]) -> dict[str, Any]:
         "eval/accuracy": statistics.fmean(pass1) if pass1 else None,
         "eval/reward_mean": statistics.fmean([s.reward or 0.0 for s in scored]) if scored else None,
         "eval/judge_errors": sum(1 for s in samples if s.status == "judge_error"),
+        "eval/judge_timeouts": sum(1 for s in samples if s.status == "judge_timeout"),
         "eval/samples": len(samples),
         "eval/response_len_mean": statistics.fmean(s.response_length for s in samples),
         **rule_agreement(samples, [verdict_source(s) for s in samples], "eval/"),

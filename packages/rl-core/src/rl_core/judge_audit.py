@@ -34,7 +34,7 @@ JUDGED = ("judge", "judge_cache", "judge_unparsed")
 def verdict_source(sample: Sample) -> str:
     """Where a sample's reward came from: rule gate, judge, cache, or an error / other rule."""
     d = sample.reward_details
-    if sample.status in ("judge_error", "aborted"):
+    if sample.status in ("judge_error", "aborted", "judge_timeout"):
         return sample.status
     if d.get("gate") == "hit":
         return "gate"

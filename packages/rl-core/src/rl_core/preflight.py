@@ -30,6 +30,7 @@ from rl_core.judge_checks import check_judge_settings
 __all__ = [
     "check_data",
     "check_data_file",
+    "check_group_judging",
     "check_load",
     "check_models",
     "check_rewards",
@@ -46,6 +47,7 @@ def preflight(cfg: TrainConfig) -> None:
     check_data(cfg)
     check_rewards(cfg)
     check_judge_settings(cfg)  # rubrics in the data, judge panels
+    check_group_judging(cfg)
     check_load(cfg)
     check_save(cfg)
     check_run_dir(cfg)
@@ -147,6 +149,73 @@ def check_rewards(cfg: TrainConfig) -> None:
             )
     except RewardConfigError as err:
         raise ConfigError(str(err)) from None
+
+
+def _pairwise_reward(cfg: TrainConfig) -> str | None:
+    """The flag that makes ``pairwise-genrm`` the run's reward, if one does."""
+    if cfg.custom_rm_path:
+        return None
+    if cfg.defer_reward_to_post_process and cfg.deferred_rm_type == "pairwise-genrm":
+        return "--deferred-rm-type"
+    if not cfg.defer_reward_to_post_process and cfg.rm_type == "pairwise-genrm":
+        return "--rm-type"
+    return None
+
+
+def check_group_judging(cfg: TrainConfig) -> None:
+    """``pairwise-genrm``'s pairing fits the groups it will rank, and
+    ``--group-judge-deadline-s`` applies where it is set.
+
+    A round robin of n responses has n-1 rounds (n for an odd n); more would repeat pairs. A
+    ``--pairwise-min-comparisons`` above what the pairing asks every response in would make a
+    response a judge error on every step; a group of one has nothing to compare. A custom
+    post-process hook scores on its own, so a deadline there would be silently ignored.
+    """
+    from genrm_rewards.pairwise import guaranteed_comparisons, max_rounds
+
+    if cfg.group_judge_deadline_s is not None and cfg.custom_reward_post_process_path:
+        raise ConfigError(
+            f"--group-judge-deadline-s {cfg.group_judge_deadline_s:g}: the deadline applies to "
+            "rl-core's own scoring, and --custom-reward-post-process-path "
+            f"{cfg.custom_reward_post_process_path} scores the batch itself; drop one"
+        )
+    via = _pairwise_reward(cfg)
+    if via is None:
+        return
+    sizes = [("--n-samples-per-prompt", cfg.n_samples_per_prompt)]
+    if cfg.eval_prompt_data is not None:
+        sizes.append(("--n-samples-per-eval-prompt", cfg.n_samples_per_eval_prompt))
+    for flag, n in sizes:
+        if n < 2:
+            raise ConfigError(
+                f"{flag} {n}: {via} pairwise-genrm compares the responses of a group, and a "
+                "group of 1 has none to compare with (every sample would be a judge error); "
+                "use at least 2"
+            )
+    n = cfg.n_samples_per_prompt
+    if cfg.pairwise_pairing == "round-robin" and cfg.pairwise_rounds > max_rounds(n):
+        raise ConfigError(
+            f"--pairwise-rounds {cfg.pairwise_rounds}: a round robin of --n-samples-per-prompt "
+            f"{n} has {max_rounds(n)} rounds; use at most {max_rounds(n)}, or "
+            "--pairwise-pairing all"
+        )
+    for flag, size in sizes:
+        asked = guaranteed_comparisons(
+            size, cfg.pairwise_pairing, cfg.pairwise_rounds, cfg.pairwise_both_orders
+        )
+        if cfg.pairwise_min_comparisons > asked:
+            raise ConfigError(
+                f"--pairwise-min-comparisons {cfg.pairwise_min_comparisons}: with "
+                f"--pairwise-pairing {cfg.pairwise_pairing}"
+                + (
+                    f" --pairwise-rounds {cfg.pairwise_rounds}"
+                    if cfg.pairwise_pairing != "all"
+                    else ""
+                )
+                + f"{'' if cfg.pairwise_both_orders else ' --no-pairwise-both-orders'} and "
+                f"{flag} {size}, some response is asked in only {asked} comparison(s), so it "
+                "would be a judge error every step; lower it or compare more pairs"
+            )
 
 
 # --- checkpoints -----------------------------------------------------------------------------

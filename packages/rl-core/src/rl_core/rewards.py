@@ -14,6 +14,11 @@ not look for the judge service in the environment.
 
 A reward function that raises is recorded as ``judge_error`` on that sample (with the error), never
 as 0, and the step's judge-error budget decides whether training continues.
+
+A group-level reward (``pairwise-genrm``: a response's score depends on the rest of its group)
+is scored inline once per complete group, through its batch variant, and in defer mode over the
+batch as any other. ``--group-judge-deadline-s`` puts a deadline on each group's scoring, in
+both modes (``rl_core.group_deadline``).
 """
 
 from __future__ import annotations
@@ -57,16 +62,35 @@ def _error_result(err: BaseException) -> dict[str, Any]:
 
 
 class InlineRewards:
-    """Scores samples as they are handed in; :meth:`drain` waits for the outstanding ones."""
+    """Scores samples as they are handed in; :meth:`drain` waits for the outstanding ones.
 
-    def __init__(self, fn: RewardFn, args: Any, *, reward_key: str, concurrency: int) -> None:
+    ``fn`` scores one sample; ``group_fn`` (instead) a whole group as :meth:`submit` hands it
+    in, outside the per-sample semaphore (one call per group). ``deadline_s``: each handed-in
+    group's scoring stops that long after (``rl_core.group_deadline``).
+    """
+
+    def __init__(
+        self,
+        fn: RewardFn | None,
+        args: Any,
+        *,
+        reward_key: str,
+        concurrency: int,
+        group_fn: BatchRewardFn | None = None,
+        deadline_s: float | None = None,
+    ) -> None:
+        if (fn is None) == (group_fn is None):
+            raise ValueError("InlineRewards needs exactly one of fn and group_fn")
         self.fn = fn
+        self.group_fn = group_fn
+        self.deadline_s = deadline_s
         self.args = args
         self.reward_key = reward_key
         self._sem = asyncio.Semaphore(concurrency)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def _score(self, sample: Sample) -> None:
+        assert self.fn is not None
         async with self._sem:
             try:
                 result = await asyncio.wait_for(self.fn(self.args, sample), REWARD_TIMEOUT_S)
@@ -77,9 +101,28 @@ class InlineRewards:
                 result = _error_result(err)
         sample.apply_reward(dict(result), self.reward_key)
 
+    async def _score_group(self, group: list[Sample]) -> None:
+        from rl_core.group_deadline import score_group_by, score_samples_by
+
+        if self.group_fn is not None:
+            if self.deadline_s is None:
+                await score_batch(self.group_fn, self.args, group, self.reward_key)
+            else:
+                await score_group_by(
+                    self.deadline_s, self.group_fn, self.args, group, self.reward_key
+                )
+        else:
+            assert self.deadline_s is not None
+            await score_samples_by(self.deadline_s, self._score, group, self.reward_key)
+
     def submit(self, samples: Sequence[Sample]) -> None:
-        for s in samples:
-            self._tasks.append(asyncio.ensure_future(self._score(s)))
+        """Score ``samples``: one complete group (``RolloutScorer`` hands each in as it is
+        done), per sample or, for a group-level reward or under a deadline, as a group."""
+        if self.group_fn is None and self.deadline_s is None:
+            for s in samples:
+                self._tasks.append(asyncio.ensure_future(self._score(s)))
+        elif samples:
+            self._tasks.append(asyncio.ensure_future(self._score_group(list(samples))))
 
     async def drain(self) -> None:
         tasks, self._tasks = self._tasks, []
@@ -110,6 +153,8 @@ class PostProcessContext:
     phases: PhaseMachine
     batch_fn: BatchRewardFn
     reward_key: str
+    #: ``--group-judge-deadline-s``: the built-in hook scores each group under it
+    deadline_s: float | None = None
 
 
 async def _wake_judges(ctx: PostProcessContext) -> None:
@@ -130,7 +175,17 @@ async def _sleep_judges(ctx: PostProcessContext) -> None:
 async def defer_swap_post_process(ctx: PostProcessContext, samples: list[Sample]) -> None:
     """The built-in defer-swap hook: rollout sleeps → judge wakes → batch scored → judge sleeps."""
     await _wake_judges(ctx)
-    await score_batch(ctx.batch_fn, ctx.args, samples, ctx.reward_key)
+    if ctx.deadline_s is None:
+        await score_batch(ctx.batch_fn, ctx.args, samples, ctx.reward_key)
+    else:  # each group on its own clock, from now: the judge has just woken
+        from rl_core.group_deadline import by_group, score_group_by
+
+        await asyncio.gather(
+            *(
+                score_group_by(ctx.deadline_s, ctx.batch_fn, ctx.args, g, ctx.reward_key)
+                for g in by_group(samples)
+            )
+        )
     await _sleep_judges(ctx)
 
 
@@ -199,6 +254,10 @@ class RewardSetup:
     batch_fn: BatchRewardFn | None = None
     post_process: PostProcessHook | None = None
     concurrency: int = 32
+    #: inline, a group-level reward: scored once per complete group (``inline_fn`` is None)
+    group_fn: BatchRewardFn | None = None
+    #: ``--group-judge-deadline-s`` (``rl_core.group_deadline``); None: no deadline
+    deadline_s: float | None = None
 
     @property
     def deferred(self) -> bool:
@@ -248,8 +307,9 @@ def _deferred_batch_fn(judge: JudgeClient | None) -> BatchRewardFn:
 def reward_setup(cfg: Any, judge: JudgeClient | None = None) -> RewardSetup:
     """The reward path the config asks for; ``judge``: the client of the run's judge service,
     handed to every reward function that takes one."""
-    from genrm_rewards import load_custom, resolve_reward_fn
+    from genrm_rewards import get_batch_reward_fn, is_group_level, load_custom, resolve_reward_fn
 
+    deadline = getattr(cfg, "group_judge_deadline_s", None)
     if cfg.defer_reward_to_post_process:
         hook: PostProcessHook = defer_swap_post_process
         if cfg.custom_reward_post_process_path:
@@ -264,10 +324,21 @@ def reward_setup(cfg: Any, judge: JudgeClient | None = None) -> RewardSetup:
             batch_fn=_deferred_batch_fn(judge),
             post_process=hook,
             concurrency=cfg.reward_concurrency,
+            deadline_s=deadline,
+        )
+    if not cfg.custom_rm_path and is_group_level(cfg.rm_type or "dapo-genrm"):
+        return RewardSetup(
+            args=cfg,
+            reward_key=cfg.reward_key,
+            inline_fn=None,
+            group_fn=with_judge(get_batch_reward_fn(cfg.rm_type), judge),
+            concurrency=cfg.reward_concurrency,
+            deadline_s=deadline,
         )
     return RewardSetup(
         args=cfg,
         reward_key=cfg.reward_key,
         inline_fn=with_judge(resolve_reward_fn(cfg), judge),
         concurrency=cfg.reward_concurrency,
+        deadline_s=deadline,
     )

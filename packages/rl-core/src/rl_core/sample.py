@@ -13,11 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 #: Reward statuses, as genrm-rewards reports them; ``pending`` means not scored yet, ``aborted``
-#: that the engine did not finish the response (it is neither judged nor trained).
-RewardStatus = Literal["pending", "ok", "unparsed", "judge_error", "deferred", "aborted"]
+#: that the engine did not finish the response (it is neither judged nor trained),
+#: ``judge_timeout`` that it was not judged by its group's deadline (``--group-judge-deadline-s``).
+RewardStatus = Literal[
+    "pending", "ok", "unparsed", "judge_error", "deferred", "aborted", "judge_timeout"
+]
 FinishReason = Literal["stop", "length", "abort", "error"]
 #: Why a sample is out of the loss and of its group's statistics (see :attr:`Sample.left_out`).
-LeftOut = Literal["judge_error", "aborted", "empty", "cut_off", "no_reward"]
+LeftOut = Literal[
+    "judge_error", "judge_timeout", "aborted", "empty", "cut_off", "no_reward", "no_baseline"
+]
 
 
 @dataclass
@@ -47,6 +52,9 @@ class Sample:
     #: ``--keep-cut-off``: a response cut off at the length limit trains like a finished one
     #: (the rollout copies the run's setting here; the rule itself is :attr:`left_out`)
     keep_cut_off: bool = False
+    #: with a group deadline: the group was left with fewer than two scored responses, so this
+    #: one has no baseline to be compared with and trains nothing (``rl_core.group_deadline``)
+    no_baseline: bool = False
 
     @property
     def tokens(self) -> list[int]:
@@ -67,14 +75,17 @@ class Sample:
         """Why the sample stays out of the loss and of its group's mean and std, or None when it
         is in: the one membership rule of both.
 
-        A judge failure, an aborted generation, an empty response and a sample without a reward
-        are never in. Nor, unless ``keep_cut_off``, is a response cut off at the length limit: it
-        is judged and counted, but its verdict is on an answer the policy never finished (a 0 for
-        a right start, or a 1 for a leading number followed by garbage), and it would pull its
-        group's mean and std.
+        A judge failure, a response not judged by its group's deadline, an aborted generation,
+        an empty response and a sample without a reward are never in; nor, with a deadline, the
+        lone scored response of a group (``no_baseline``). Nor, unless ``keep_cut_off``, is a
+        response cut off at the length limit: it is judged and counted, but its verdict is on an
+        answer the policy never finished (a 0 for a right start, or a 1 for a leading number
+        followed by garbage), and it would pull its group's mean and std.
         """
         if self.status == "judge_error":
             return "judge_error"
+        if self.status == "judge_timeout":
+            return "judge_timeout"
         if self.status == "aborted":
             return "aborted"
         if self.response_length == 0:
@@ -83,6 +94,8 @@ class Sample:
             return "cut_off"
         if self.reward is None:
             return "no_reward"
+        if self.no_baseline:
+            return "no_baseline"
         return None
 
     @property
@@ -92,13 +105,14 @@ class Sample:
         return self.left_out is None
 
     def apply_reward(self, result: dict[str, Any], reward_key: str = "score") -> None:
-        """Store a reward function's result; a missing/None score is a judge error, never a 0."""
+        """Store a reward function's result; a missing/None score is a judge error (or the
+        deadline's ``judge_timeout``), never a 0."""
         status = result.get("status", "ok")
         score = result.get(reward_key)
         self.reward_details = dict(result)
         if status == "judge_error" or score is None:
             self.reward = None
-            self.status = "judge_error" if status != "deferred" else "deferred"
+            self.status = status if status in ("deferred", "judge_timeout") else "judge_error"
             return
         if isinstance(score, bool) or not isinstance(score, int | float):
             raise TypeError(

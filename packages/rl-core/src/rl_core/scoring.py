@@ -74,12 +74,13 @@ class RolloutScorer:
         rewards = self.rewards
         inline = None
         if not rewards.deferred:
-            assert rewards.inline_fn is not None
             inline = InlineRewards(
                 rewards.inline_fn,
                 rewards.args,
                 reward_key=rewards.reward_key,
                 concurrency=rewards.concurrency,
+                group_fn=rewards.group_fn,
+                deadline_s=rewards.deadline_s,
             )
         n = sum(len(g) for g in groups)
         with self.clock.phase(label, total=n, times=times) as advance:
@@ -100,7 +101,11 @@ class RolloutScorer:
             else:
                 assert rewards.post_process is not None and rewards.batch_fn is not None
                 ctx = PostProcessContext(
-                    rewards.args, self.phases, rewards.batch_fn, rewards.reward_key
+                    rewards.args,
+                    self.phases,
+                    rewards.batch_fn,
+                    rewards.reward_key,
+                    deadline_s=rewards.deadline_s,
                 )
                 await rewards.post_process(ctx, judgeable(samples))
         return samples

@@ -113,6 +113,7 @@ _VERDICT_LABELS = {
     "judge_cache": "judge, reused from the verdict cache",
     "judge_unparsed": "judge answered without a clean verdict (0, counted)",
     "judge_error": "judge failed (masked out of loss and group stats)",
+    "judge_timeout": "not judged by the group's deadline (masked out of loss and group stats)",
     "aborted": "generation aborted by the engine (not judged, not trained)",
     "rule": "rule-based reward (no judge)",
 }

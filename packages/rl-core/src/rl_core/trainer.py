@@ -31,6 +31,7 @@ from rl_core.grpo.advantages import Advantages, sample_advantages
 from rl_core.judge_audit import panel_agreement, rule_agreement, verdict_source
 from rl_core.judge_calls import judge_call_stats
 from rl_core.metrics import MemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
+from rl_core.pairwise_metrics import pairwise_flips
 from rl_core.phases import PhaseMachine
 from rl_core.rewards import RewardSetup, check_judge_errors, check_scored
 from rl_core.rollout import SEED_TRAIN, RolloutSettings, make_group
@@ -110,6 +111,8 @@ def untrained_reason(batch: Sequence[Sample], max_response_len: int) -> str | No
     words = {
         "cut_off": f"cut off at --rollout-max-response-len {max_response_len}",
         "judge_error": "with a judge error",
+        "judge_timeout": "not judged by --group-judge-deadline-s",
+        "no_baseline": "alone in their group after the deadline (no baseline)",
         "aborted": "aborted by the engine",
         "empty": "empty",
         "no_reward": "without a reward",
@@ -512,8 +515,13 @@ class GRPOTrainer:
             # loss and of the group statistics unless --keep-cut-off
             "rollout/truncated": sum(1 for s in batch if s.cut_off),
             "rollout/in_loss": sum(1 for s in batch if s.in_loss),
+            # --group-judge-deadline-s: not judged in time (left out, never 0), and lone
+            # scored responses of a group the deadline thinned out (no baseline: left out)
+            "rollout/judge_timeouts": sum(1 for s in batch if s.status == "judge_timeout"),
+            "rollout/no_baseline": sum(1 for s in batch if s.left_out == "no_baseline"),
             **rule_agreement(batch, [verdict_source(s) for s in batch], "rollout/"),
             **panel_agreement(batch, "rollout/"),
+            **pairwise_flips(batch, "rollout/"),
         }
 
 

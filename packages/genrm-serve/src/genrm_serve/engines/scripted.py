@@ -21,6 +21,8 @@ The script (all keys optional)::
       "start_delay_s": 0.0,                 # asyncio sleep in start(), as a model load takes
       "fail_every": 0,                      # k > 0: every k-th generate call raises EngineError
       "fail_when_contains": null,           # a request whose last user message has it fails
+      "prefer": [],                         # a pairwise judge: words, best first (below)
+      "first_bias": 0,                      # ranks Response A gains for being read first
       "crash_once_file": null,              # a path: the first generate call of any engine of
                                             # this script creates it and kills its process (once:
                                             # the re-created engine finds the file and serves)
@@ -28,6 +30,14 @@ The script (all keys optional)::
     }
 
 Replies may contain ``{route_key}``, ``{engine_id}`` and ``{last_user}``, replaced verbatim.
+
+``prefer`` makes a pairwise judge with known preferences (pairwise-genrm's comparison prompt,
+Response A and Response B quoted between ``<<<BEGIN RESPONSE A>>>`` / ``<<<END RESPONSE A>>>``
+markers): each response ranks by the best word of the list it contains (one with none ranks
+last), and the reply is ``"1"`` (A better) when A's rank, improved by ``first_bias`` ranks, is at
+least B's, else ``"0"`` — ties go to A. ``first_bias`` > 0 is a judge that favours whatever it
+reads first. A matching ``replies`` rule still wins; a prompt without the two blocks gets the
+default.
 "Tokens" are whitespace-separated words: ``max_context_len`` and ``max_response_len`` apply to
 them, so prompt-too-long and truncation paths can be exercised without a tokenizer.
 """
@@ -69,6 +79,8 @@ class Script(BaseModel):
     start_delay_s: float = Field(default=0.0, ge=0.0)
     fail_every: int = Field(default=0, ge=0)
     fail_when_contains: str | None = None
+    prefer: list[str] = Field(default_factory=list)
+    first_bias: int = Field(default=0, ge=0)
     crash_once_file: str | None = None
     healthy: bool = True
 
@@ -112,6 +124,25 @@ def _last_user(request: EngineRequest) -> str:
 
 def _words(text: str) -> list[str]:
     return text.split()
+
+
+def _block(text: str, tag: str) -> str | None:
+    start, end = f"<<<BEGIN {tag}>>>", f"<<<END {tag}>>>"
+    if start not in text or end not in text:
+        return None
+    return text.split(start, 1)[1].split(end, 1)[0]
+
+
+def _preferred(text: str, prefer: list[str], first_bias: int) -> str | None:
+    """A pairwise verdict by ``prefer`` (see the module docstring); None without both blocks."""
+    a, b = _block(text, "RESPONSE A"), _block(text, "RESPONSE B")
+    if a is None or b is None:
+        return None
+
+    def rank(block: str) -> int:
+        return next((i for i, word in enumerate(prefer) if word in block), len(prefer))
+
+    return "1" if rank(a) - first_bias <= rank(b) else "0"
 
 
 class ScriptedEngine(Engine):
@@ -181,10 +212,13 @@ class ScriptedEngine(Engine):
     def _reply(self, request: EngineRequest) -> str:
         last = _last_user(request)
         reply = self.script.default
+        matched = False
         for key, value in self.script.replies.items():
             if key in last:
-                reply = value
+                reply, matched = value, True
                 break
+        if not matched and self.script.prefer:
+            reply = _preferred(last, self.script.prefer, self.script.first_bias) or reply
         return (
             reply.replace("{route_key}", self.spec.route_key)
             .replace("{engine_id}", self.engine_id)
