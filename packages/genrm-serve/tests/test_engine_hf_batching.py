@@ -85,4 +85,9 @@ def test_a_row_reports_its_tokens_and_who_answered() -> None:
     )
     assert out.weight_version == 3 and out.latency_s == 0.5
     assert out.token_ids == [1, 2, 0] and out.logprobs is not None and len(out.logprobs) == 3
-    assert out.extra == {"engine_id": "q/0", "verdict_prob": 0.75, "prompt_token_ids": [7, 8]}
+    assert out.extra == {
+        "engine_id": "q/0",
+        "verdict_prob": 0.75,
+        "prompt_token_ids": [7, 8],
+        "cached_prompt_tokens": 0,  # computed alone (no other row shared its prompt)
+    }

@@ -20,6 +20,13 @@ from rl_core.trainer import sample_row
 from rl_core.watch import step_watch
 
 
+@pytest.fixture(autouse=True)
+def _output_as_a_log_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The view as a file or a pipe gets it (full width): pytest-xdist's workers set
+    ``COLUMNS=80``, which the console honours as a user's choice."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def _sample(index: int, answer: str, reward: float, rule: str, **details) -> Sample:
     s = Sample(
         prompt="What is 2 + 3?",

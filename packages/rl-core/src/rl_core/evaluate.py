@@ -223,7 +223,9 @@ def check_out(out: Path, force: bool) -> None:
     from rl_core.folders import folder_problem
 
     hint = "an earlier evaluation? choose another folder or pass --force to write into it"
-    problem = folder_problem("--out", out, must_be_empty=True, force=force, if_not_empty=hint)
+    problem = folder_problem(
+        "--out", out, must_be_empty=True, force=force, if_not_empty=hint, create=True
+    )
     if problem:
         raise ConfigError(problem)
 
