@@ -43,11 +43,18 @@ class MetricsWriter:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        self._tb: Any = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
+        self._tb: Any = self._tensorboard() if tensorboard else None
 
-            self._tb = SummaryWriter(str(self.run_dir / "tb"))
+    def _tensorboard(self, purge_step: int | None = None) -> Any:
+        """A TensorBoard writer of its own event file. tensorboardX names the file by the
+        second (and host) and opens it for writing: a second writer in the same second (a
+        resume's purge, a restarted run) would empty the first one's. The nanosecond suffix
+        keeps both, in the order TensorBoard reads them (by name)."""
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter(
+            str(self.run_dir / "tb"), purge_step=purge_step, filename_suffix=f".{time.time_ns()}"
+        )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **metrics}
@@ -99,10 +106,8 @@ class MetricsWriter:
             if number.isdigit() and int(number) > step:
                 f.unlink()
         if self._tb is not None:
-            from tensorboardX import SummaryWriter
-
             self._tb.close()
-            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=step + 1)
+            self._tb = self._tensorboard(purge_step=step + 1)
         return removed
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from rl_core.grpo.advantages import Advantages, sample_advantages
 from rl_core.judge_audit import rule_agreement, verdict_source
 from rl_core.metrics import MemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
 from rl_core.phases import PhaseMachine
+from rl_core.restarts import Restart
 from rl_core.rewards import RewardSetup, check_judge_errors, check_scored
 from rl_core.rollout import SEED_TRAIN, RolloutSettings, make_group
 from rl_core.sample import Sample, accuracy
@@ -153,6 +154,7 @@ class GRPOTrainer:
         weight_sync: WeightSync | None = None,
         memory_probe: MemoryProbe | None = None,
         seeded: bool = True,
+        restarts: Sequence[Restart] = (),
     ) -> None:
         self.cfg = cfg
         self.learner = learner
@@ -191,6 +193,10 @@ class GRPOTrainer:
         self._untrained_steps = 0
         #: rollout engine re-creations already counted in a step's metrics
         self._restarts_counted = 0
+        #: the run's restarts from a checkpoint before this trainer (``rl_core.restarts``); the
+        #: last one is told on the first step this trainer records
+        self.restarts = list(restarts)
+        self._restart_untold = self.restarts[-1] if self.restarts else None
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -409,6 +415,7 @@ class GRPOTrainer:
         )
         verdicts = Counter(verdict_source(s) for s in batch)
         metrics.update({f"verdicts/{k}": v for k, v in verdicts.items()})
+        metrics.update(self._restart_metrics(step + 1))
         if errors:
             logger.warning(
                 "step %d: %d of %d samples have no reward (judge_error, kept out of the loss); "
@@ -445,6 +452,23 @@ class GRPOTrainer:
         if self.checkpoints.due(step + 1):
             with self.clock.timed("save", times):
                 await self.checkpoints.save(step + 1, self._state())
+
+    def _restart_metrics(self, step: int) -> dict[str, Any]:
+        """``run/restarts`` (the run's restarts so far) on every step; on the first step after
+        a restart, what was lost and the checkpoint step the run went on from, and a line."""
+        out: dict[str, Any] = {"run/restarts": len(self.restarts)}
+        told, self._restart_untold = self._restart_untold, None
+        if told is not None:
+            out["run/restarted_from_step"] = told.step
+            out["run/lost"] = told.lost
+            logger.warning(
+                "step %d: the run restarted from its checkpoint of step %d (restart %d: %s)",
+                step,
+                told.step,
+                told.number,
+                told.lost,
+            )
+        return out
 
     @property
     def scorer(self) -> RolloutScorer:
