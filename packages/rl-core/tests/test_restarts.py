@@ -149,9 +149,9 @@ async def test_the_driver_restarts_on_the_same_ray_until_none_is_left(
     monkeypatch.setattr(launch, "connect_ray", lambda *a: connects.append(1))
     monkeypatch.setattr(launch, "_train_once", train_once)
     monkeypatch.setattr(launch, "resolve_rollout_engine", lambda c: "hf")
-    with caplog.at_level(logging.WARNING, logger="rl_core.launch"):
-        with pytest.raises(RunLostError) as raised:
-            await launch.run_training(cfg)
+    caplog.set_level(logging.WARNING, logger="rl_core.launch")
+    with pytest.raises(RunLostError) as raised:
+        await launch.run_training(cfg)
     assert connects == [1]
     assert goes == [
         (None, [], 0),
