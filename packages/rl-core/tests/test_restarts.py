@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ray.exceptions import RayActorError
+from run_records import tb_scalars
 
 from rl_core.metrics import MetricsWriter, read_metrics
 from rl_core.restarts import Restart, RunLostError, decide_restart, restarted_config
@@ -167,30 +167,6 @@ async def test_the_driver_restarts_on_the_same_ray_until_none_is_left(
 # --- the records: each step once ------------------------------------------------------------------
 
 
-def _tb_scalars(tb: Path) -> dict[str, list[tuple[int, float]]]:
-    """The scalars TensorBoard shows for ``tb``: its event files read in name order, as
-    TensorBoard's loader reads them, with its rule for a restarted writer (a ``SessionLog``
-    START at step N purges every event seen before it at step N or later)."""
-    from tensorboardX.proto import event_pb2
-
-    seen: list[tuple[str, int, float]] = []
-    for path in sorted(tb.glob("*tfevents*")):
-        data = path.read_bytes()
-        at = 0
-        while at < len(data):
-            (size,) = struct.unpack("<Q", data[at : at + 8])
-            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + size])
-            at += 12 + size + 4
-            if event.HasField("session_log") and event.session_log.status == 1:  # START
-                seen = [s for s in seen if s[1] < event.step]
-            for value in event.summary.value:
-                seen.append((value.tag, event.step, value.simple_value))
-    out: dict[str, list[tuple[int, float]]] = {}
-    for tag, step, value in seen:
-        out.setdefault(tag, []).append((step, value))
-    return out
-
-
 def test_a_restart_records_every_step_once_in_metrics_samples_and_tensorboard(tmp_path):
     """Steps 1-3 logged (step 3's checkpoint never written), the rank lost; the restart from
     step 2's checkpoint logs 3 and 4 again with a writer of its own, as the driver does."""
@@ -214,7 +190,7 @@ def test_a_restart_records_every_step_once_in_metrics_samples_and_tensorboard(tm
     assert [p.stem for p in samples] == [f"step_00000{i}" for i in (1, 2, 3, 4)]
     goes = [json.loads(p.read_text())["go"] for p in samples]
     assert goes == [1, 1, 2, 2]
-    scalars = _tb_scalars(tmp_path / "tb")
+    scalars = tb_scalars(tmp_path / "tb")
     assert scalars["rollout/reward_mean"] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0)]
     assert [s for s, _ in scalars["run/restarts"]] == [1, 2, 3, 4]
 
@@ -230,4 +206,4 @@ def test_a_restart_from_the_step_it_lost_cuts_nothing(tmp_path):
     again.log(3, {"x": 3.0})
     again.close()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
-    assert _tb_scalars(tmp_path / "tb")["x"] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert tb_scalars(tmp_path / "tb")["x"] == [(1, 1.0), (2, 2.0), (3, 3.0)]
