@@ -221,40 +221,45 @@ class GRPOTrainer:
             self.metrics.log(self.start_step, {**before, "time/eval": times["eval"]})
         ahead: asyncio.Task[tuple[list[Sample], PhaseTimes]] | None = None
         self.stop.graceful = True  # a signal now stops at a safe point (and saves)
-        for step in steps:
-            if self.stop.requested:
-                break
-            await self.phases.enter("inference")
-            rolled = await self.stop.unless_stopped(ahead or self.rollout(step))
-            ahead = None
-            if rolled is None:
-                break  # a stop signal: this step is abandoned, the resume redoes it
-            batch, times = rolled
-            if self.overlap and step + 1 < self.cfg.num_rollout:
-                ahead = asyncio.ensure_future(self.rollout(step + 1))
-            self._check_staleness(batch, max_staleness=1 if self.overlap else 0)
-            errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step + 1)
-            adv = self.advantages(batch)
-            await self.record_memory("inference")
+        try:
+            for step in steps:
+                if self.stop.requested:
+                    break
+                await self.phases.enter("inference")
+                rolled = await self.stop.unless_stopped(ahead or self.rollout(step))
+                ahead = None
+                if rolled is None:
+                    break  # a stop signal: this step is abandoned, the resume redoes it
+                batch, times = rolled
+                if self.overlap and step + 1 < self.cfg.num_rollout:
+                    ahead = asyncio.ensure_future(self.rollout(step + 1))
+                self._check_staleness(batch, max_staleness=1 if self.overlap else 0)
+                errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step + 1)
+                adv = self.advantages(batch)
+                await self.record_memory("inference")
 
-            untrained = untrained_reason(batch, self.cfg.rollout_max_response_len)
-            if untrained is None:
-                self._untrained_steps = 0
-                train_metrics = await self._train_and_sync(batch, times)
-            else:  # nothing to learn from: no optimizer step, the engines keep their weights
-                self._untrained_steps += 1
-                train_metrics = {}
-                logger.warning(
-                    "step %d trained nothing (%d of --max-untrained-steps %d in a row): %s%s",
-                    step + 1,
-                    self._untrained_steps,
-                    self.cfg.max_untrained_steps,
-                    untrained,
-                    cut_off_advice(batch),
-                )
-            await self.finish_step(step, batch, adv, errors, train_metrics, times, untrained)
-            if untrained is not None and self._untrained_steps >= self.cfg.max_untrained_steps:
-                raise NothingToTrainError(self._nothing_trained(step + 1, batch, untrained))
+                untrained = untrained_reason(batch, self.cfg.rollout_max_response_len)
+                if untrained is None:
+                    self._untrained_steps = 0
+                    train_metrics = await self._train_and_sync(batch, times)
+                else:  # nothing to learn from: no optimizer step, the engines keep their weights
+                    self._untrained_steps += 1
+                    train_metrics = {}
+                    logger.warning(
+                        "step %d trained nothing (%d of --max-untrained-steps %d in a row): %s%s",
+                        step + 1,
+                        self._untrained_steps,
+                        self.cfg.max_untrained_steps,
+                        untrained,
+                        cut_off_advice(batch),
+                    )
+                await self.finish_step(step, batch, adv, errors, train_metrics, times, untrained)
+                if untrained is not None and self._untrained_steps >= self.cfg.max_untrained_steps:
+                    raise NothingToTrainError(self._nothing_trained(step + 1, batch, untrained))
+        except BaseException:
+            if ahead is not None:  # a failed step (a lost rank: the run restarts): dropped
+                ahead.cancel()
+            raise
         if self.stop.requested:
             await self._stopped(ahead)
         else:  # a completed run (a stopped one is resumed, and exported, later)
