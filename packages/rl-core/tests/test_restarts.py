@@ -4,6 +4,7 @@ records (``metrics.jsonl``, ``samples/``, TensorBoard) over a restart. No Ray, n
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -109,6 +110,40 @@ def test_the_last_line_says_why_there_was_no_restart(tmp_path: Path) -> None:
     assert line.startswith("lost trainer rank actor-1 (pid 4242, ip 10.0.0.7): ")
     assert f"ray.kill`.; {note}; resume from the last checkpoint with: " in line
     assert line.endswith(f"--load {save}")
+
+
+# --- a failed call to the ranks names the rank that died ------------------------------------------
+
+
+async def test_a_failed_call_raises_the_dead_ranks_error_not_the_survivors() -> None:
+    """Rank 0's collective lost its peer and failed first; rank 1 died (Ray says so a moment
+    later); rank 2 is still stuck in its collective. The call raises rank 1's error, which the
+    restart is decided on, raised from rank 0's."""
+    from rl_core.distributed import TrainGroup
+
+    loop = asyncio.get_running_loop()
+    survivor, dead, stuck = loop.create_future(), loop.create_future(), loop.create_future()
+    survivor.set_exception(RuntimeError("gloo: Connection closed by peer"))
+    loop.call_later(0.05, dead.set_exception, _lost())
+    group = object.__new__(TrainGroup)
+    group.role = "actor"
+    with pytest.raises(RayActorError) as raised:
+        await group._wait("train", [survivor, dead, stuck], 60.0)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert stuck.cancelled()
+
+
+async def test_a_failed_call_without_a_dead_rank_raises_its_own_error() -> None:
+    from rl_core.distributed import TrainGroup
+
+    loop = asyncio.get_running_loop()
+    failed, done = loop.create_future(), loop.create_future()
+    failed.set_exception(ValueError("a bad batch"))
+    done.set_result({})
+    group = object.__new__(TrainGroup)
+    group.role = "actor"
+    with pytest.raises(ValueError, match="a bad batch"):
+        await group._wait("train", [failed, done], 60.0)
 
 
 # --- the driver's loop ----------------------------------------------------------------------------
