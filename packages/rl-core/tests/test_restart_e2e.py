@@ -14,6 +14,7 @@ with the same seed that nothing disturbed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -197,3 +198,42 @@ async def test_chaos_a_trainer_rank_killed_at_a_random_time(
     run, killed = await _restarted_run(files, f"chaos-{seed}", delay, caplog)
     records = _check_as_undisturbed(run, undisturbed)
     assert sum(1 for r in records if "run/restarted_from_step" in r) == len(killed)
+
+
+def test_with_the_restarts_used_up_a_lost_rank_ends_the_run_with_one_line(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--max-restarts 1``: ``actor-1`` killed after step 1's checkpoint (the run restarts),
+    then again as soon as the restart has made it anew: exit 1, one line, no traceback."""
+    import threading
+    import time
+
+    import ray
+
+    from rl_core.train import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    root = files["root"] / "used-up"
+    argv = _argv(files["root"], files["model"], files["data"], "used-up", "--max-restarts", "1")
+    killed: list[str] = []
+
+    def kill_twice() -> None:
+        deadline = time.monotonic() + 800
+        while time.monotonic() < deadline and len(killed) < 2:
+            if (root / "ckpt" / "latest").exists():
+                names = [n for n in ray.util.list_named_actors() if n.endswith(":actor-1")]
+                for name in set(names) - set(killed):
+                    with contextlib.suppress(ValueError):  # gone with its placement group
+                        ray.kill(ray.get_actor(name))
+                        killed.append(name)
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_twice, daemon=True).start()
+    assert main(argv) == 1
+    assert len(killed) == 2, killed
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("rl-core train: lost")]
+    assert line.startswith("rl-core train: lost trainer rank actor-1 (")
+    assert "; no restart left (1 of --max-restarts 1 used); resume from the last checkpoint" in line
+    assert line.endswith(f"--load {root / 'ckpt'}")
