@@ -39,7 +39,9 @@ _SAME = ("rollout/", "train/", "adv/", "weights/version")
 def _argv(root: Path, model: Path, data: Path, name: str, *extra: str) -> list[str]:
     judge = {
         "__default__": {
-            "model_path": "scripted:" + json.dumps({"default": "1"}),
+            # a judge call takes 0.1 s: the steps after the first last long enough for a
+            # kill at a random time to land inside them
+            "model_path": "scripted:" + json.dumps({"default": "1", "delay_s": 0.1}),
             "num_gpus": 1,
             "engine": "scripted",
         }
@@ -194,10 +196,11 @@ async def test_chaos_a_trainer_rank_killed_at_a_random_time(
     """The short chaos run for this victim: the kill lands at a seeded random point after step
     1's checkpoint (rollout, training, weight sync or a save), and the run still ends as the
     undisturbed one."""
-    delay = random.Random(seed).uniform(0.0, 20.0)
+    delay = random.Random(seed).uniform(0.0, 1.0)  # steps 2-4 take about 2 s on CPU
     run, killed = await _restarted_run(files, f"chaos-{seed}", delay, caplog)
+    assert len(killed) == 1, f"the run ended before the kill {delay:.2f} s after step 1's save"
     records = _check_as_undisturbed(run, undisturbed)
-    assert sum(1 for r in records if "run/restarted_from_step" in r) == len(killed)
+    assert sum(1 for r in records if "run/restarted_from_step" in r) == 1
 
 
 def test_with_the_restarts_used_up_a_lost_rank_ends_the_run_with_one_line(
@@ -234,6 +237,8 @@ def test_with_the_restarts_used_up_a_lost_rank_ends_the_run_with_one_line(
     err = capsys.readouterr().err
     assert "Traceback" not in err, err[-3000:]
     (line,) = [x for x in err.splitlines() if x.startswith("rl-core train: lost")]
-    assert line.startswith("rl-core train: lost trainer rank actor-1 (")
+    # killed as it was made: Ray says it "never ran", and knows no pid of it
+    assert line.startswith("rl-core train: lost trainer rank actor-1")
+    assert "killed by `ray.kill`" in line
     assert "; no restart left (1 of --max-restarts 1 used); resume from the last checkpoint" in line
     assert line.endswith(f"--load {root / 'ckpt'}")
