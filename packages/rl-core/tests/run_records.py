@@ -12,11 +12,12 @@ __all__ = ["tb_scalars"]
 _SESSION_START = 1
 
 
-def tb_scalars(tb: Path) -> dict[str, list[tuple[int, float]]]:
+def tb_scalars(tb: Path, *, purge: bool = True) -> dict[str, list[tuple[int, float]]]:
     """The scalars TensorBoard shows for the event folder ``tb``, per tag in order: its event
     files read in name order, as TensorBoard's loader reads them, with its rule for a writer
     that goes on after a crash (a ``SessionLog`` START at step N purges every event seen before
-    it at step N or later)."""
+    it at step N or later). ``purge=False``: what the files hold, as a reader without that
+    rule sees them."""
     from tensorboardX.proto import event_pb2
 
     seen: list[tuple[str, int, float]] = []
@@ -27,7 +28,8 @@ def tb_scalars(tb: Path) -> dict[str, list[tuple[int, float]]]:
             (size,) = struct.unpack("<Q", data[at : at + 8])
             event = event_pb2.Event.FromString(data[at + 12 : at + 12 + size])
             at += 12 + size + 4
-            if event.HasField("session_log") and event.session_log.status == _SESSION_START:
+            start = event.HasField("session_log") and event.session_log.status == _SESSION_START
+            if purge and start:
                 seen = [s for s in seen if s[1] < event.step]
             for value in event.summary.value:
                 seen.append((value.tag, event.step, value.simple_value))

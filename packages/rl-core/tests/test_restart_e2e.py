@@ -27,7 +27,7 @@ from run_records import tb_scalars
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.launch import run_training
-from rl_core.metrics import read_metrics
+from rl_core.metrics import logged_steps, read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -82,14 +82,19 @@ def undisturbed(files: dict[str, Path]) -> Path:
     return files["root"] / "undisturbed"
 
 
-async def _kill_a_rank(save: Path, delay_s: float, killed: list[str]) -> None:
-    """``actor-1`` killed once step 1's checkpoint is written and ``delay_s`` more has passed
-    (not once the last step's is: a finished run has nothing left to lose)."""
+async def _kill_a_rank(
+    save: Path, delay_s: float, killed: list[str], after_step: int | None = None
+) -> None:
+    """``actor-1`` killed once step 1's checkpoint is written (or, with ``after_step``, once
+    that step is recorded) and ``delay_s`` more has passed; not once the last step's checkpoint
+    is written: a finished run has nothing left to lose."""
     import ray
 
     latest = save / "latest"
     for _ in range(18_000):  # polled every 50 ms, up to the test's 15 minutes
-        if latest.is_file():
+        if after_step is None and latest.is_file():
+            break
+        if after_step is not None and after_step in logged_steps(save.parent / "run"):
             break
         await asyncio.sleep(0.05)
     await asyncio.sleep(delay_s)
@@ -122,13 +127,18 @@ def _samples(run: Path, step: int) -> list[tuple[Any, ...]]:
 
 
 async def _restarted_run(
-    files: dict[str, Path], name: str, delay_s: float, caplog: pytest.LogCaptureFixture
+    files: dict[str, Path],
+    name: str,
+    delay_s: float,
+    caplog: pytest.LogCaptureFixture,
+    *extra: str,
+    after_step: int | None = None,
 ) -> tuple[Path, list[str]]:
     root = files["root"] / name
-    cfg = parse_train_args(_argv(files["root"], files["model"], files["data"], name))
+    cfg = parse_train_args(_argv(files["root"], files["model"], files["data"], name, *extra))
     caplog.set_level(logging.INFO, logger="rl_core")
     killed: list[str] = []
-    killer = asyncio.ensure_future(_kill_a_rank(root / "ckpt", delay_s, killed))
+    killer = asyncio.ensure_future(_kill_a_rank(root / "ckpt", delay_s, killed, after_step))
     try:
         assert await run_training(cfg) == 0
     finally:
@@ -144,9 +154,10 @@ def _check_as_undisturbed(run: Path, undisturbed: Path) -> list[dict[str, Any]]:
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     samples = sorted(p.stem for p in (run / "run" / "samples").glob("step_*.jsonl"))
     assert samples == [f"step_{s:06d}" for s in range(1, STEPS + 1)]
-    scalars = tb_scalars(run / "run" / "tb")
-    for tag in ("rollout/reward_mean", "weights/version", "run/restarts"):
-        assert [s for s, _ in scalars[tag]] == list(range(1, STEPS + 1)), (tag, scalars[tag])
+    for purge in (True, False):  # TensorBoard, and a reader that knows no purge rule
+        scalars = tb_scalars(run / "run" / "tb", purge=purge)
+        for tag in ("rollout/reward_mean", "weights/version", "run/restarts"):
+            assert [s for s, _ in scalars[tag]] == list(range(1, STEPS + 1)), (tag, scalars[tag])
     before = read_metrics(undisturbed / "run")
     for got, want in zip(records, before, strict=True):
         assert _compared(got) == _compared(want), got["step"]
@@ -187,6 +198,24 @@ async def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(
     assert told["run/lost"].startswith("lost trainer rank actor-1 (")
     assert [r["run/restarts"] for r in records] == [int(r["step"] >= told["step"]) for r in records]
     assert any(f"step {told['step']}: the run restarted from" in m for m in said), said
+
+
+async def test_a_step_recorded_after_the_checkpoint_is_recorded_once(
+    files: dict[str, Path], undisturbed: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--save-interval 2``: the rank is lost once step 3 is recorded, before step 4's save;
+    the restart from step 2's checkpoint redoes step 3, whose first records (a line of
+    ``metrics.jsonl``, a sample file, TensorBoard events) are replaced, not added to."""
+    run, killed = await _restarted_run(
+        files, "after-3", 0.0, caplog, "--save-interval", "2", after_step=3
+    )
+    assert len(killed) == 1, "the run ended before the kill"
+    said = [r.getMessage() for r in caplog.records]
+    assert any("from its checkpoint of step 2 (" in m for m in said), said
+    assert any("resumed from" in m and m.endswith("at step 2") for m in said), said
+    records = _check_as_undisturbed(run, undisturbed)
+    (told,) = [r for r in records if "run/restarted_from_step" in r]
+    assert (told["step"], told["run/restarted_from_step"]) == (3, 2)
 
 
 @pytest.mark.parametrize("seed", [1, 2], ids=["seed-1", "seed-2"])

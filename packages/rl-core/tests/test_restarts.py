@@ -225,9 +225,25 @@ def test_a_restart_records_every_step_once_in_metrics_samples_and_tensorboard(tm
     assert [p.stem for p in samples] == [f"step_00000{i}" for i in (1, 2, 3, 4)]
     goes = [json.loads(p.read_text())["go"] for p in samples]
     assert goes == [1, 1, 2, 2]
-    scalars = tb_scalars(tmp_path / "tb")
-    assert scalars["rollout/reward_mean"] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0)]
-    assert [s for s, _ in scalars["run/restarts"]] == [1, 2, 3, 4]
+    for purge in (True, False):  # TensorBoard, and a reader that knows no purge rule
+        scalars = tb_scalars(tmp_path / "tb", purge=purge)
+        assert scalars["rollout/reward_mean"] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0)]
+        assert [s for s, _ in scalars["run/restarts"]] == [1, 2, 3, 4]
+
+
+def test_an_event_file_cut_short_by_a_crash_keeps_its_whole_records(tmp_path):
+    """The crash that made this a restart may have cut the last record of an event file: the
+    cut keeps every whole record up to it, and TensorBoard reads the file again."""
+    from rl_core.metrics import cut_tensorboard
+
+    first = MetricsWriter(tmp_path)
+    for step in (1, 2, 3):
+        first.log(step, {"x": float(step)})
+    first.close()
+    (path,) = (tmp_path / "tb").glob("*tfevents*")
+    path.write_bytes(path.read_bytes()[:-7])  # step 3's record, cut short
+    assert cut_tensorboard(tmp_path / "tb", 1) == 1  # step 2's; step 3's was not whole
+    assert tb_scalars(tmp_path / "tb", purge=False)["x"] == [(1, 1.0)]
 
 
 def test_a_restart_from_the_step_it_lost_cuts_nothing(tmp_path):
@@ -241,4 +257,4 @@ def test_a_restart_from_the_step_it_lost_cuts_nothing(tmp_path):
     again.log(3, {"x": 3.0})
     again.close()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
-    assert tb_scalars(tmp_path / "tb")["x"] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert tb_scalars(tmp_path / "tb", purge=False)["x"] == [(1, 1.0), (2, 2.0), (3, 3.0)]

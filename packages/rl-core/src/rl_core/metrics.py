@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import struct
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -84,7 +85,8 @@ class MetricsWriter:
     def truncate(self, step: int) -> int:
         """Forget every step after ``step`` (a resume from its checkpoint redoes them): the
         records of ``metrics.jsonl``, the sample files, and TensorBoard's events (a writer with
-        ``purge_step`` tells TensorBoard to drop them). Returns the records removed."""
+        ``purge_step`` tells TensorBoard to drop them, and they are cut from the event files
+        too: :func:`cut_tensorboard`). Returns the records removed."""
         removed = 0
         if self.path.is_file():
             kept = []
@@ -107,6 +109,7 @@ class MetricsWriter:
                 f.unlink()
         if self._tb is not None:
             self._tb.close()
+            cut_tensorboard(self.run_dir / "tb", step)
             self._tb = self._tensorboard(purge_step=step + 1)
         return removed
 
@@ -114,6 +117,50 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def cut_tensorboard(folder: Path, step: int) -> int:
+    """Remove the scalars of the steps after ``step`` from the TensorBoard event files in
+    ``folder`` (each rewritten whole, then put in place); returns the events removed.
+
+    A writer opened with ``purge_step`` already makes TensorBoard hide them; other readers of
+    the files (a parser into a data frame, an experiment tracker's sync) know nothing of that
+    rule, and would see a redone step twice. A record cut short by a crash ends its file.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboardX.proto import event_pb2
+    from tensorboardX.record_writer import masked_crc32c
+
+    removed = 0
+    for path in sorted(folder.glob("*tfevents*")):
+        data = path.read_bytes()
+        kept: list[bytes] = []
+        cut, at = 0, 0
+        while at + 12 <= len(data):  # a record: its length (8 bytes), CRC (4), data, CRC (4)
+            (size,) = struct.unpack("<Q", data[at : at + 8])
+            record = data[at + 12 : at + 12 + size]
+            if at + 12 + size + 4 > len(data):
+                break
+            try:
+                event = event_pb2.Event.FromString(record)
+            except DecodeError:
+                break
+            if event.HasField("summary") and event.step > step:
+                cut += 1
+            else:
+                kept.append(record)
+            at += 12 + size + 4
+        if not cut and at == len(data):
+            continue
+        tmp = folder / ".cut.tmp"  # no "tfevents" in its name: TensorBoard never reads it
+        with tmp.open("wb") as f:
+            for record in kept:
+                header = struct.pack("<Q", len(record))
+                f.write(header + struct.pack("<I", masked_crc32c(header)))
+                f.write(record + struct.pack("<I", masked_crc32c(record)))
+        tmp.replace(path)
+        removed += cut
+    return removed
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
