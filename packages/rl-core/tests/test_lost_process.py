@@ -86,6 +86,7 @@ def test_a_killed_trainer_rank_ends_the_run_with_one_line(
         "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
         "--rollout-max-response-len", "6", "--keep-cut-off", "--colocate", "--device", "cpu",
         "--run-dir", str(run_dir), "--save", str(save), "--save-interval", "1",
+        "--max-restarts", "0",  # the restart from the checkpoint: test_restart_e2e.py
     ]  # fmt: skip
 
     def kill_rank_after_step_1() -> None:
@@ -104,4 +105,5 @@ def test_a_killed_trainer_rank_ends_the_run_with_one_line(
     (line,) = [x for x in err.splitlines() if x.startswith("rl-core train: lost")]
     assert line.startswith("rl-core train: lost trainer rank actor-0 (")
     assert "ray.kill" in line
+    assert "; no restart (--max-restarts 0); resume from the last checkpoint with: " in line
     assert line.endswith(f"--load {save}")

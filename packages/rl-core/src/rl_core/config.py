@@ -155,6 +155,9 @@ class TrainConfig(RewardArgs):
     save_hf: str | None = None
     save_hf_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     load: str | None = None
+    #: with --save: a lost trainer rank (or another process the run cannot re-create in place)
+    #: restarts the run from its last checkpoint, at most this many times (``rl_core.restarts``)
+    max_restarts: int = Field(default=3, ge=0)
     run_dir: str = "runs/latest"
     #: a fresh run into a --run-dir holding another run's metrics: replace them (else refused)
     overwrite_run_dir: bool = False
@@ -502,6 +505,16 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         g,
         "--load",
         help="resume from a checkpoint: a --save folder (its latest step) or one step_* folder",
+    )
+    _flag(
+        g,
+        "--max-restarts",
+        help="with --save: a lost trainer rank (or another process that cannot be re-created "
+        "in place) restarts the run from its last checkpoint by itself, in this process, at "
+        "most N times in all; every step is still recorded once. 3 rides out the odd "
+        "preemption or OOM kill, and a cause that comes back every time ends the run after "
+        "3 tries. 0, without --save, or with none left: the run ends with one line naming "
+        "the lost process, Ray's cause and the command that resumes",
     )
     _flag(g, "--run-dir", help="metrics, TensorBoard, plots")
     _flag(

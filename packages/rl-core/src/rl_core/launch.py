@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from transformers import AutoTokenizer
@@ -36,12 +38,13 @@ from rl_core.metrics import (
     read_metrics,
 )
 from rl_core.placement import render_plan
+from rl_core.restarts import Restart, RunLostError, decide_restart, restarted_config
 from rl_core.rewards import reward_setup
-from rl_core.services import start_ray, start_services, start_weight_sync
+from rl_core.services import connect_ray, place, start_services, start_weight_sync
 from rl_core.specs import resolve_rollout_engine, rollout_seeded
 from rl_core.stopping import StopRequest
 from rl_core.terminal import make_console
-from rl_core.trainer import GRPOTrainer
+from rl_core.trainer import GRPOTrainer, StepRecord
 from rl_core.wandb_mirror import WandbMirror
 
 logger = logging.getLogger(__name__)
@@ -86,6 +89,23 @@ def _prepare_run_dir(cfg: TrainConfig) -> Path:
     return run_dir
 
 
+@dataclass
+class RunRecord:
+    """What a run recorded across its restarts, for the closing summary: the steps and the
+    evaluations (a restart keeps those up to its checkpoint's step, the redone ones replace
+    the rest), and the restarts."""
+
+    history: list[StepRecord] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
+
+    def restart(self, restart: Restart) -> None:
+        """Forget what comes after the restart's checkpoint step (it is redone)."""
+        self.history[:] = [h for h in self.history if h.step <= restart.step]
+        self.evals[:] = [e for e in self.evals if int(e.get("step", 0)) <= restart.step]
+        self.restarts.append(restart)
+
+
 async def run_training(
     cfg: TrainConfig, console: Console | None = None, stop: StopRequest | None = None
 ) -> int:
@@ -94,6 +114,12 @@ async def run_training(
     With ``stop``, SIGTERM / SIGINT are handled from the moment Ray is up: during start-up
     they cancel the run, in the loop they stop it at a safe point with the last completed step
     saved; the status is then ``stop.exit_code`` and ``stop_report`` says what was saved.
+
+    A lost trainer rank (or another process that cannot be re-created in place) restarts the
+    run from its last checkpoint, up to ``--max-restarts`` times (``rl_core.restarts``): what
+    the run stands on is torn down and built again on the same Ray. Without a restart left,
+    :class:`~rl_core.restarts.RunLostError` (raised from Ray's error) says why.
+
     With ``--use-wandb`` the W&B run starts first (a refused start costs no Ray start-up) and
     is closed however the run ends.
     """
@@ -121,10 +147,79 @@ async def _run_training(
     startup: PhaseTimes = {}
     console.print(render_plan(cfg.plan))
     rollout_engine = resolve_rollout_engine(cfg)  # refused here, before anything starts
+    record = RunRecord()
 
-    async with AsyncExitStack() as stack:
+    async with AsyncExitStack() as ray_stack:
         with clock.timed("ray", startup):
-            realized = await start_ray(cfg.plan, stack, stop)
+            connect_ray(cfg.plan, ray_stack, stop)
+        attempt = cfg
+        while True:
+            try:
+                trainer, learner = await _train_once(
+                    attempt, rollout_engine, run_dir, record, console, clock, startup, stop, mirror
+                )
+                break
+            except Exception as err:
+                stopping = stop is not None and stop.requested
+                decided = decide_restart(cfg, err, len(record.restarts), stopping=stopping)
+                if decided is None:
+                    raise
+                if isinstance(decided, str):
+                    raise RunLostError(decided) from err
+                logger.warning("%s", decided.line(cfg.max_restarts))
+                record.restart(decided)
+                attempt = restarted_config(cfg, decided)
+    if trainer.stop_report is not None and stop is not None:
+        stop.report = trainer.stop_report
+        return stop.exit_code
+
+    from rl_core.plot import plot_run
+    from rl_core.summary import render_summary
+    from rl_core.watch import read_watch, watch_warnings
+
+    figures = plot_run(run_dir)
+    records = read_metrics(run_dir)
+    warnings = watch_warnings(records, read_watch(run_dir))
+    render_summary(
+        record.history,
+        mode=cfg.mode,
+        startup=startup,
+        total_s=clock.elapsed(),
+        precision=learner.precision,
+        console=make_console(),
+        notes=run_notes(cfg) + [r.note() for r in record.restarts],
+        evals=record.evals,
+        records=records,
+        warnings=warnings,
+    )
+    stdout = make_console()
+    stdout.print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
+    if cfg.save_hf:
+        stdout.print(f"[bold]model[/]: {cfg.save_hf} (HF folder, {cfg.save_hf_dtype})")
+    if mirror is not None:
+        mirror.log_figures(figures)
+        mirror.log_summary({"watch/warnings": warnings})
+        how = "offline, upload with `wandb sync` " if mirror.mode == "offline" else ""
+        stdout.print(f"[bold]W&B[/]: {how}{mirror.where}")
+    return 0
+
+
+async def _train_once(
+    cfg: TrainConfig,
+    rollout_engine: str,
+    run_dir: Path,
+    record: RunRecord,
+    console: Console,
+    clock: PhaseClock,
+    startup: PhaseTimes,
+    stop: StopRequest | None,
+    mirror: WandbMirror | None = None,
+) -> tuple[GRPOTrainer, Any]:
+    """One go of the run on the Ray that is up: placement groups, services, the loop; all of
+    it torn down when it ends, however it ends (a restart builds it again)."""
+    async with AsyncExitStack() as stack:
+        with clock.timed("ray", startup):  # the placement groups (a restart's too)
+            realized = await place(cfg.plan, stack)
         with clock.timed("models", startup):
             policy_path = await asyncio.to_thread(resolve_model, cfg.hf_checkpoint)
         services = await start_services(
@@ -156,6 +251,9 @@ async def _run_training(
             else None
         )
         evaluation = Evaluation(cfg, eval_data)
+        evaluation.history = record.evals  # one record of the run's evaluations, over restarts
+        metrics = MetricsWriter(run_dir, mirror=mirror)
+        stack.callback(metrics.close)  # TensorBoard's file closed however this ends
         trainer = GRPOTrainer(
             cfg,
             seeded=seeded,
@@ -171,11 +269,13 @@ async def _run_training(
             reference=services.groups.get("reference"),
             actor_fwd=services.groups.get("actor_fwd"),
             overlap=cfg.plan.phases_overlap,
-            metrics=MetricsWriter(run_dir, mirror=mirror),
+            metrics=metrics,
             clock=clock,
             weight_sync=weight_sync,
             memory_probe=GpuMemoryProbe(learner, every_engine) if realized.use_gpus else None,
+            restarts=record.restarts,
         )
+        trainer.history = record.history  # the same: a restart keeps the steps it does not redo
         if weight_sync.path == "object_store" and not cfg.plan.phases_overlap:
             # a rollout engine whose actor dies is re-created with rank 0's weights (not in
             # fully-async: rank 0 trains meanwhile, its weights are not the engine's version)
@@ -183,40 +283,8 @@ async def _run_training(
                 engine.weights = learner.export_weights
         if stop is not None:
             stack.callback(stop.abrupt)  # a run that fails unwinds without waiting for a step
-        history = await trainer.run()
-    if trainer.stop_report is not None and stop is not None:
-        stop.report = trainer.stop_report
-        return stop.exit_code
-
-    from rl_core.plot import plot_run
-    from rl_core.summary import render_summary
-    from rl_core.watch import read_watch, watch_warnings
-
-    figures = plot_run(run_dir)
-    records = read_metrics(run_dir)
-    warnings = watch_warnings(records, read_watch(run_dir))
-    render_summary(
-        history,
-        mode=cfg.mode,
-        startup=startup,
-        total_s=clock.elapsed(),
-        precision=learner.precision,
-        console=make_console(),
-        notes=run_notes(cfg),
-        evals=evaluation.history,
-        records=records,
-        warnings=warnings,
-    )
-    stdout = make_console()
-    stdout.print("[bold]plots[/]: " + ", ".join(str(p) for p in figures))
-    if cfg.save_hf:
-        stdout.print(f"[bold]model[/]: {cfg.save_hf} (HF folder, {cfg.save_hf_dtype})")
-    if mirror is not None:
-        mirror.log_figures(figures)
-        mirror.log_summary({"watch/warnings": warnings})
-        how = "offline, upload with `wandb sync` " if mirror.mode == "offline" else ""
-        stdout.print(f"[bold]W&B[/]: {how}{mirror.where}")
-    return 0
+        await trainer.run()
+    return trainer, learner
 
 
 def run_notes(cfg: TrainConfig) -> list[str]:

@@ -20,6 +20,7 @@ __all__ = [
     "ENGINE_START_TIMEOUT_S",
     "PLACEMENT_TIMEOUT_S",
     "PROCESS_GROUP_TIMEOUT_S",
+    "RANK_LOSS_SETTLE_S",
     "RAY_CALL_SETTLE_S",
     "REWARD_TIMEOUT_S",
     "SERVE_DEPLOY_TIMEOUT_S",
@@ -70,6 +71,11 @@ REWARD_TIMEOUT_S: Final = 600.0
 #: export or broadcast, offload / onload, save / load. Inside it, the ranks' collectives wait up
 #: to :data:`PROCESS_GROUP_TIMEOUT_S` (a rank that hangs fails there first).
 TRAINER_CALL_TIMEOUT_S: Final = 3600.0
+#: A call to the trainer ranks that failed: how long the other ranks' answers are waited for,
+#: to find a rank that died (Ray's ``ActorDiedError``, which restarts the run from its
+#: checkpoint, ``rl_core.restarts``) behind a survivor's own error (gloo's "connection closed by
+#: peer" may arrive first). Only a failed call waits it.
+RANK_LOSS_SETTLE_S: Final = 10.0
 #: A question to the trainer ranks that computes nothing (where they run, their memory, rank 0's
 #: address).
 TRAINER_PROBE_TIMEOUT_S: Final = 60.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rl_core.checkpoints import LATEST
 
-__all__ = ["lost_actor_error", "lost_process_line", "resume_command"]
+__all__ = ["lost_actor_error", "lost_process_line", "lost_process_what", "resume_command"]
 
 #: The header lines of Ray's message (what the process was), not its cause.
 _HEADER = re.compile(r"^\s*(class_name|actor_id|pid|name|namespace|ip):\s*(.*)$")
@@ -69,8 +69,8 @@ def lost_actor_error(err: BaseException) -> BaseException | None:
     return None
 
 
-def lost_process_line(err: BaseException, argv: Sequence[str], save: str | None) -> str:
-    """``err`` (Ray's actor error, or an error raised from one) as the run's last line."""
+def lost_process_what(err: BaseException) -> str:
+    """``err`` (Ray's actor error) as "lost <what> <name> (pid, ip): <cause>"."""
     text = str(getattr(err, "cause", None) or err)
     fields: dict[str, str] = {}
     rest: list[str] = []
@@ -87,7 +87,15 @@ def lost_process_line(err: BaseException, argv: Sequence[str], save: str | None)
     cause = f"killed by Ray's memory monitor ({oom[1]})" if oom else " ".join(rest) or "unknown"
     if len(cause) > _CAUSE_CHARS:
         cause = cause[: _CAUSE_CHARS - 3] + "..."
-    line = f"lost {what} {name}" + (f" ({where})" if where else "") + f": {cause}"
+    return f"lost {what} {name}" + (f" ({where})" if where else "") + f": {cause}"
+
+
+def lost_process_line(
+    err: BaseException, argv: Sequence[str], save: str | None, note: str | None = None
+) -> str:
+    """``err`` (Ray's actor error, or an error raised from one) as the run's last line;
+    ``note``: why the run did not restart itself (``rl_core.restarts``)."""
+    line = lost_process_what(err) + (f"; {note}" if note else "")
     command = resume_command(argv, save)
     if command is None:
         why = "the run had no --save" if not save else f"none was written to {save} yet"

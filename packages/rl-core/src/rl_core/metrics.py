@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import struct
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -60,11 +61,18 @@ class MetricsWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
         self.mirror = mirror
-        self._tb: Any = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
+        self._tb: Any = self._tensorboard() if tensorboard else None
 
-            self._tb = SummaryWriter(str(self.run_dir / "tb"))
+    def _tensorboard(self, purge_step: int | None = None) -> Any:
+        """A TensorBoard writer of its own event file. tensorboardX names the file by the
+        second (and host) and opens it for writing: a second writer in the same second (a
+        resume's purge, a restarted run) would empty the first one's. The nanosecond suffix
+        keeps both, in the order TensorBoard reads them (by name)."""
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter(
+            str(self.run_dir / "tb"), purge_step=purge_step, filename_suffix=f".{time.time_ns()}"
+        )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **metrics}
@@ -109,8 +117,9 @@ class MetricsWriter:
     def truncate(self, step: int) -> int:
         """Forget every step after ``step`` (a resume from its checkpoint redoes them): the
         records of ``metrics.jsonl`` and of the watch's ``watch.jsonl``, the sample files, and
-        TensorBoard's events (a writer with ``purge_step`` tells TensorBoard to drop them).
-        Returns the records of ``metrics.jsonl`` removed."""
+        TensorBoard's events (a writer with ``purge_step`` tells TensorBoard to drop them, and
+        they are cut from the event files too: :func:`cut_tensorboard`). Returns the records of
+        ``metrics.jsonl`` removed."""
         from rl_core.watch import WATCH_FILE
 
         removed = _truncate_jsonl(self.path, step)
@@ -120,10 +129,9 @@ class MetricsWriter:
             if number.isdigit() and int(number) > step:
                 f.unlink()
         if self._tb is not None:
-            from tensorboardX import SummaryWriter
-
             self._tb.close()
-            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=step + 1)
+            cut_tensorboard(self.run_dir / "tb", step)
+            self._tb = self._tensorboard(purge_step=step + 1)
         return removed
 
     def close(self) -> None:
@@ -152,6 +160,50 @@ def _truncate_jsonl(path: Path, step: int) -> int:
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     tmp.replace(path)
+    return removed
+
+
+def cut_tensorboard(folder: Path, step: int) -> int:
+    """Remove the scalars of the steps after ``step`` from the TensorBoard event files in
+    ``folder`` (each rewritten whole, then put in place); returns the events removed.
+
+    A writer opened with ``purge_step`` already makes TensorBoard hide them; other readers of
+    the files (a parser into a data frame, an experiment tracker's sync) know nothing of that
+    rule, and would see a redone step twice. A record cut short by a crash ends its file.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboardX.proto import event_pb2
+    from tensorboardX.record_writer import masked_crc32c
+
+    removed = 0
+    for path in sorted(folder.glob("*tfevents*")):
+        data = path.read_bytes()
+        kept: list[bytes] = []
+        cut, at = 0, 0
+        while at + 12 <= len(data):  # a record: its length (8 bytes), CRC (4), data, CRC (4)
+            (size,) = struct.unpack("<Q", data[at : at + 8])
+            record = data[at + 12 : at + 12 + size]
+            if at + 12 + size + 4 > len(data):
+                break
+            try:
+                event = event_pb2.Event.FromString(record)
+            except DecodeError:
+                break
+            if event.HasField("summary") and event.step > step:
+                cut += 1
+            else:
+                kept.append(record)
+            at += 12 + size + 4
+        if not cut and at == len(data):
+            continue
+        tmp = folder / ".cut.tmp"  # no "tfevents" in its name: TensorBoard never reads it
+        with tmp.open("wb") as f:
+            for record in kept:
+                header = struct.pack("<Q", len(record))
+                f.write(header + struct.pack("<I", masked_crc32c(header)))
+                f.write(record + struct.pack("<I", masked_crc32c(record)))
+        tmp.replace(path)
+        removed += cut
     return removed
 
 

@@ -72,6 +72,8 @@ from rl_core.weight_sync import WeightSync, choose_weight_sync, make_weight_sync
 __all__ = [
     "JudgeSleeper",
     "Services",
+    "connect_ray",
+    "place",
     "start_in_turn",
     "start_judge_service",
     "start_ray",
@@ -370,6 +372,12 @@ async def start_ray(
     plan: PlacementPlan, stack: AsyncExitStack, stop: StopRequest | None
 ) -> RealizedPlacement:
     """Ray up (ours shut down on exit), the plan checked against the cluster and placed."""
+    connect_ray(plan, stack, stop)
+    return await place(plan, stack)
+
+
+def connect_ray(plan: PlacementPlan, stack: AsyncExitStack, stop: StopRequest | None) -> None:
+    """Ray up (ours shut down when ``stack`` closes), the stop signals ours from then on."""
     import ray
 
     if stop is not None:
@@ -379,6 +387,11 @@ async def start_ray(
         stack.callback(ray.shutdown)
     if stop is not None:
         stop.install()  # again: ray.init installs a SIGTERM handler that dumps and aborts
+
+
+async def place(plan: PlacementPlan, stack: AsyncExitStack) -> RealizedPlacement:
+    """The plan checked against the cluster and placed; its placement groups (and every actor
+    in them) removed when ``stack`` closes (a run's end, or its restart: ``rl_core.restarts``)."""
     use_gpus = _cluster_gpus() > 0
     _check_capacity(plan, use_gpus)
     realized = await _ray_call_in_thread(create_placement_groups, plan, use_gpus=use_gpus)

@@ -59,13 +59,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except Exception as err:
         from rl_core.lost import lost_actor_error, lost_process_line
+        from rl_core.restarts import RunLostError
 
         lost = lost_actor_error(err)
         if lost is None:
             raise
-        # a process that died and was not re-created: one line, no traceback (rl_core.lost)
+        # a process that died and was not re-created, and no restart from a checkpoint left
+        # (rl_core.restarts): one line, no traceback (rl_core.lost)
         given = list(sys.argv[1:] if argv is None else argv)
-        print(f"rl-core train: {lost_process_line(lost, given, cfg.save)}", file=sys.stderr)
+        note = err.note if isinstance(err, RunLostError) else None
+        line = lost_process_line(lost, given, cfg.save, note)
+        print(f"rl-core train: {line}", file=sys.stderr)
         return 1
     if stop.report is not None:
         _exit_now(status, stop.report)

@@ -33,6 +33,7 @@ from rl_core.judge_calls import judge_call_stats
 from rl_core.metrics import MemoryProbe, MetricsWriter, PhaseClock, PhaseTimes
 from rl_core.pairwise_metrics import pairwise_flips
 from rl_core.phases import PhaseMachine
+from rl_core.restarts import Restart
 from rl_core.rewards import RewardSetup, check_judge_errors, check_scored
 from rl_core.rollout import SEED_TRAIN, RolloutSettings, make_group
 from rl_core.sample import Sample, accuracy
@@ -160,6 +161,7 @@ class GRPOTrainer:
         weight_sync: WeightSync | None = None,
         memory_probe: MemoryProbe | None = None,
         seeded: bool = True,
+        restarts: Sequence[Restart] = (),
     ) -> None:
         self.cfg = cfg
         self.learner = learner
@@ -198,6 +200,10 @@ class GRPOTrainer:
         self._untrained_steps = 0
         #: rollout engine re-creations already counted in a step's metrics
         self._restarts_counted = 0
+        #: the run's restarts from a checkpoint before this trainer (``rl_core.restarts``); the
+        #: last one is told on the first step this trainer records
+        self.restarts = list(restarts)
+        self._restart_untold = self.restarts[-1] if self.restarts else None
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -222,40 +228,45 @@ class GRPOTrainer:
             self.metrics.log(self.start_step, {**before, "time/eval": times["eval"]})
         ahead: asyncio.Task[tuple[list[Sample], PhaseTimes]] | None = None
         self.stop.graceful = True  # a signal now stops at a safe point (and saves)
-        for step in steps:
-            if self.stop.requested:
-                break
-            await self.phases.enter("inference")
-            rolled = await self.stop.unless_stopped(ahead or self.rollout(step))
-            ahead = None
-            if rolled is None:
-                break  # a stop signal: this step is abandoned, the resume redoes it
-            batch, times = rolled
-            if self.overlap and step + 1 < self.cfg.num_rollout:
-                ahead = asyncio.ensure_future(self.rollout(step + 1))
-            self._check_staleness(batch, max_staleness=1 if self.overlap else 0)
-            errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step + 1)
-            adv = self.advantages(batch)
-            await self.record_memory("inference")
+        try:
+            for step in steps:
+                if self.stop.requested:
+                    break
+                await self.phases.enter("inference")
+                rolled = await self.stop.unless_stopped(ahead or self.rollout(step))
+                ahead = None
+                if rolled is None:
+                    break  # a stop signal: this step is abandoned, the resume redoes it
+                batch, times = rolled
+                if self.overlap and step + 1 < self.cfg.num_rollout:
+                    ahead = asyncio.ensure_future(self.rollout(step + 1))
+                self._check_staleness(batch, max_staleness=1 if self.overlap else 0)
+                errors = check_judge_errors(batch, self.cfg.max_judge_error_fraction, step + 1)
+                adv = self.advantages(batch)
+                await self.record_memory("inference")
 
-            untrained = untrained_reason(batch, self.cfg.rollout_max_response_len)
-            if untrained is None:
-                self._untrained_steps = 0
-                train_metrics = await self._train_and_sync(batch, times)
-            else:  # nothing to learn from: no optimizer step, the engines keep their weights
-                self._untrained_steps += 1
-                train_metrics = {}
-                logger.warning(
-                    "step %d trained nothing (%d of --max-untrained-steps %d in a row): %s%s",
-                    step + 1,
-                    self._untrained_steps,
-                    self.cfg.max_untrained_steps,
-                    untrained,
-                    cut_off_advice(batch),
-                )
-            await self.finish_step(step, batch, adv, errors, train_metrics, times, untrained)
-            if untrained is not None and self._untrained_steps >= self.cfg.max_untrained_steps:
-                raise NothingToTrainError(self._nothing_trained(step + 1, batch, untrained))
+                untrained = untrained_reason(batch, self.cfg.rollout_max_response_len)
+                if untrained is None:
+                    self._untrained_steps = 0
+                    train_metrics = await self._train_and_sync(batch, times)
+                else:  # nothing to learn from: no optimizer step, the engines keep their weights
+                    self._untrained_steps += 1
+                    train_metrics = {}
+                    logger.warning(
+                        "step %d trained nothing (%d of --max-untrained-steps %d in a row): %s%s",
+                        step + 1,
+                        self._untrained_steps,
+                        self.cfg.max_untrained_steps,
+                        untrained,
+                        cut_off_advice(batch),
+                    )
+                await self.finish_step(step, batch, adv, errors, train_metrics, times, untrained)
+                if untrained is not None and self._untrained_steps >= self.cfg.max_untrained_steps:
+                    raise NothingToTrainError(self._nothing_trained(step + 1, batch, untrained))
+        except BaseException:
+            if ahead is not None:  # a failed step (a lost rank: the run restarts): dropped
+                ahead.cancel()
+            raise
         if self.stop.requested:
             await self._stopped(ahead)
         else:  # a completed run (a stopped one is resumed, and exported, later)
@@ -421,6 +432,7 @@ class GRPOTrainer:
         # the reward-hacking watch: false passes, length against reward, neutralised text
         watch, examples, flags = step_watch(batch, sources)
         metrics.update(watch)
+        metrics.update(self._restart_metrics(step + 1))
         if errors:
             logger.warning(
                 "step %d: %d of %d samples have no reward (judge_error, kept out of the loss); "
@@ -459,6 +471,23 @@ class GRPOTrainer:
         if self.checkpoints.due(step + 1):
             with self.clock.timed("save", times):
                 await self.checkpoints.save(step + 1, self._state())
+
+    def _restart_metrics(self, step: int) -> dict[str, Any]:
+        """``run/restarts`` (the run's restarts so far) on every step; on the first step after
+        a restart, what was lost and the checkpoint step the run went on from, and a line."""
+        out: dict[str, Any] = {"run/restarts": len(self.restarts)}
+        told, self._restart_untold = self._restart_untold, None
+        if told is not None:
+            out["run/restarted_from_step"] = told.step
+            out["run/lost"] = told.lost
+            logger.warning(
+                "step %d: the run restarted from its checkpoint of step %d (restart %d: %s)",
+                step,
+                told.step,
+                told.number,
+                told.lost,
+            )
+        return out
 
     @property
     def scorer(self) -> RolloutScorer:

@@ -26,7 +26,12 @@ import torch
 from rl_core.backends.base import BackendConfig, TrainingBackend, TrainItem
 from rl_core.distributed.sharding import split_by_tokens
 from rl_core.distributed.worker import Logprobs, TrainWorker, train_shards
-from rl_core.limits import TRAINER_CALL_TIMEOUT_S, TRAINER_PROBE_TIMEOUT_S, TRAINER_START_TIMEOUT_S
+from rl_core.limits import (
+    RANK_LOSS_SETTLE_S,
+    TRAINER_CALL_TIMEOUT_S,
+    TRAINER_PROBE_TIMEOUT_S,
+    TRAINER_START_TIMEOUT_S,
+)
 
 #: Metrics every rank reports the same value of (the others are sums over ranks).
 _SAME_ON_EVERY_RANK = frozenset({"grad_norm", "lr"})
@@ -154,6 +159,25 @@ def _per_step(values: list[torch.Tensor] | None, size: int) -> list[Logprobs] | 
     return [values[i : i + size] for i in range(0, len(values), size)]
 
 
+async def _dead_rank(calls: Sequence[asyncio.Future[Any]], settle_s: float) -> BaseException | None:
+    """Ray's error for a rank that died, among ``calls`` (one per rank) after one failed: the
+    others are given ``settle_s`` to answer; None when no rank died."""
+    from ray.exceptions import RayActorError
+
+    pending = [c for c in calls if not c.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=settle_s)
+    dead = None
+    for call in calls:
+        if not call.done():
+            call.cancel()  # a survivor still in its collective: its process goes with the run
+        elif not call.cancelled():
+            err = call.exception()  # read, so none is left "never retrieved"
+            if dead is None and isinstance(err, RayActorError):
+                dead = err
+    return dead
+
+
 @functools.cache
 def _remote_worker() -> Any:
     """``TrainWorker`` as a Ray actor class, made at the first use (Ray is imported only then)."""
@@ -203,13 +227,24 @@ class _RayGroup:
         ]
 
     async def _wait(self, what: str, refs: Sequence[Any], timeout_s: float) -> list[Any]:
-        """The ranks' answers to ``refs`` (calls named ``what``), within ``timeout_s``."""
+        """The ranks' answers to ``refs`` (calls named ``what``), within ``timeout_s``.
+
+        A call that fails because a rank died raises Ray's error for that rank, even where a
+        surviving rank's own error (its collective lost a peer) came first: the dead rank is
+        what the run must know of (``rl_core.restarts`` restarts it from its checkpoint).
+        """
+        calls = [asyncio.ensure_future(r) for r in refs]
         try:
-            return list(await asyncio.wait_for(asyncio.gather(*refs), timeout_s))
+            return list(await asyncio.wait_for(asyncio.gather(*calls), timeout_s))
         except TimeoutError:
             raise TimeoutError(
                 f"{self.role} ranks: {what} did not finish within {timeout_s:.0f} s"
             ) from None
+        except Exception as err:
+            dead = await _dead_rank(calls, RANK_LOSS_SETTLE_S)
+            if dead is None or dead is err:
+                raise
+            raise dead from err
 
     async def _one(self, what: str, ref: Any, timeout_s: float = TRAINER_CALL_TIMEOUT_S) -> Any:
         return (await self._wait(what, [ref], timeout_s))[0]
