@@ -23,7 +23,8 @@ class D:
     def __call__(self, request):
         return "x"
 
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+# a Ray of its own: a plain ray.init() joins whichever cluster another test started last
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 serve.start(http_options={"port": 0})
 serve.run(D.bind(), name="quiet")
 shutdown_serve()
