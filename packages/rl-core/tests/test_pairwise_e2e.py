@@ -19,7 +19,7 @@ from rl_core.metrics import read_metrics
 pytestmark = pytest.mark.slow
 
 
-async def test_train_two_steps_with_pairwise_rewards(tmp_path, monkeypatch):
+async def test_train_two_steps_with_pairwise_rewards(tmp_path, monkeypatch, tiny_run_flags):
     from genrm_serve.testing import build_tiny_model
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -49,24 +49,9 @@ async def test_train_two_steps_with_pairwise_rewards(tmp_path, monkeypatch):
             "300",
             "--genrm-instances",
             json.dumps(judge),
-            "--num-rollout",
-            "2",
-            "--rollout-batch-size",
-            "2",
-            "--n-samples-per-prompt",
-            "4",
-            "--rollout-max-response-len",
-            "6",
-            "--keep-cut-off",
-            "--rollout-temperature",
-            "1.2",
-            "--lr",
-            "1e-3",
+            *tiny_run_flags,
             "--run-dir",
             str(tmp_path / "run"),
-            "--colocate",
-            "--device",
-            "cpu",
         ]
     )
     assert await run_training(cfg) == 0
