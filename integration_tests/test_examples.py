@@ -69,11 +69,8 @@ RUBRIC = "run-qwen3-4B-8xgpu-rubric-panel-split.sh"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
     # `ray` and `rl-core` of this environment, also for the job (it inherits Ray's PATH)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.update(extra)
-    return env
+    return dict(os.environ) | {"PATH": cpu_twin.env_path()} | extra
 
 
 def script_args(script: str, *extra: str, **env: str) -> list[str]:

@@ -145,7 +145,7 @@ def build_files(exp_dir: Path) -> Path:
     return exp_dir
 
 
-def _env_path() -> str:
+def env_path() -> str:
     """``ray`` and ``rl-core`` of this environment first on PATH: the job inherits Ray's."""
     return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
@@ -166,7 +166,7 @@ def local_ray(num_gpus: int = 8, num_cpus: int = 16) -> Iterator[tuple[str, str]
 
     from genrm_serve.testing import free_port
 
-    os.environ["PATH"] = _env_path()
+    os.environ["PATH"] = env_path()
     temp_dir = tempfile.mkdtemp(prefix="ray-twin-", dir="/tmp")  # short: socket paths ≤ 107
     cluster = Cluster(
         initialize_head=True,
@@ -232,7 +232,7 @@ def run_twin(
 
     env = dict(os.environ)
     env.update(
-        PATH=_env_path(),
+        PATH=env_path(),
         EXP_DIR=str(exp_dir),
         RAY_ADDRESS=ray_address,
         GENRM_PORT=str(port or free_port()),

@@ -107,6 +107,24 @@ async def test_greedy_outputs_identical_across_sleep_and_wake(engine: SGLangEngi
     assert after == before  # weights restored from the CPU backup, not fresh pages
 
 
+async def test_each_output_says_how_much_of_its_prompt_came_from_the_cache(
+    engine: SGLangEngine,
+) -> None:
+    """SGLang's ``meta_info["cached_tokens"]`` reaches each output (the reply's
+    ``meta.cached_prompt_tokens``): a prompt sent again finds its prefix in the radix cache."""
+    shared = [300 + i for i in range(120)]  # ids no other test of this file sends
+    sampling = SamplingParams(temperature=0.0, max_response_len=1).merged_over(DEFAULT_SAMPLING)
+    first = EngineRequest(sampling=sampling, prompt_token_ids=[*shared, 7])
+    again = EngineRequest(sampling=sampling, prompt_token_ids=[*shared, 8])
+    before = engine.counters["cached_prompt_tokens"]
+    (one,) = await engine.generate([first])
+    (two,) = await engine.generate([again])
+    assert one.extra["cached_prompt_tokens"] < len(shared)  # nothing of it was cached yet
+    assert two.extra["cached_prompt_tokens"] >= len(shared)
+    total = one.extra["cached_prompt_tokens"] + two.extra["cached_prompt_tokens"]
+    assert engine.counters["cached_prompt_tokens"] - before == total
+
+
 async def test_prompts_at_the_limit(engine: SGLangEngine) -> None:
     # context_len 256 → SGLang's max_req_input_len = 256 - 1 - 5 = 250, and a prompt of 250
     # tokens is aborted (0.5.17): 249 is the longest it takes

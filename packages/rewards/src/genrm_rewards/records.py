@@ -9,9 +9,12 @@ own, in order, under the result's ``judge_calls``. A record is bounded: the raw 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from genrm_client.types import GenerateMeta
+
+if TYPE_CHECKING:  # judge.py imports this module
+    from genrm_rewards.judge import JudgeOutcome
 
 __all__ = ["REPLY_CHARS", "JudgeRecord", "cut_reply", "make_record", "records_of"]
 
@@ -83,6 +86,6 @@ def make_record(
     return record
 
 
-def records_of(outcomes: Iterable[Any]) -> list[JudgeRecord]:
-    """The records of several outcomes (``JudgeOutcome``), in order: a composite reward's."""
-    return [o.record for o in outcomes if getattr(o, "record", None) is not None]
+def records_of(outcomes: Iterable[JudgeOutcome]) -> list[JudgeRecord]:
+    """The records of several outcomes, in order: a composite reward's."""
+    return [o.record for o in outcomes if o.record is not None]

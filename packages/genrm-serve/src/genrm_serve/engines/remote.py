@@ -126,7 +126,7 @@ class RemoteEngine:
         """End the actor for good (no restart by Ray): one that marked itself failed still
         holds its bundle's resources, which its replacement needs."""
         with contextlib.suppress(*ACTOR_GONE):  # already gone: nothing holds the bundle
-            ray.kill(self.handle, no_restart=True)
+            await asyncio.to_thread(ray.kill, self.handle, no_restart=True)  # a GCS call
 
     async def check_health(self, *, timeout_s: float | None = None) -> bool:
         """Raise if the engine cannot serve; else whether it is asleep."""
