@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,18 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_cuda() -> Iterator[None]:
+    """Every run of this file computes on CPU; the variable is put back after the file (a
+    leaked empty value made Ray refuse the logical GPUs of later files' clusters)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUDA_VISIBLE_DEVICES", "")
+        yield
+
+
 @pytest.fixture(scope="module")
 def undisturbed(files: dict[str, Path]) -> Path:
     """The root of a run with the same flags that nothing disturbed."""
-    import os
-
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     cfg = parse_train_args(_argv(files["root"], files["model"], files["data"], "undisturbed"))
     assert asyncio.run(run_training(cfg)) == 0
     return files["root"] / "undisturbed"
