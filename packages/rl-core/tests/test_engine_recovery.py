@@ -109,3 +109,39 @@ async def test_an_engine_that_failed_its_wake_check_is_ended_and_replaced() -> N
     new = engine.engine
     assert new.version == 2 and not new.asleep  # type: ignore[attr-defined]
     assert new.calls == ["update_weights", "weight_version", "sleep", "wake"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        "The actor died because its node has died. Node Id: 5a1f",
+        "unavailable",  # Ray cannot reach it yet: the node is not declared dead for seconds
+    ],
+    ids=["node-died", "unreachable"],
+)
+async def test_an_engine_lost_with_its_node_is_not_recreated_in_place(cause: str) -> None:
+    """Its bundle went with the node (and the trainer ranks there): re-creating it there would
+    wait for a bundle that is gone; the death is raised, and the run restarts."""
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    err: BaseException = (
+        ActorUnavailableError("The actor is temporarily unavailable", None)
+        if cause == "unavailable"
+        else RayActorError(error_msg=cause)
+    )
+
+    class NodeGone(FakeEngine):
+        def _check(self, what: str) -> None:
+            raise EngineGoneError(self.name, err)
+
+    made: list[int] = []
+
+    async def factory(attempt: int) -> Any:
+        made.append(attempt)
+        return FakeEngine()
+
+    engine = RecoverableEngine(NodeGone(), factory)  # type: ignore[arg-type]
+    engine.weights = lambda: asyncio.sleep(0, None)
+    with pytest.raises(EngineGoneError) as raised:
+        await engine.generate_many([1])
+    assert raised.value.cause is err and made == [] and engine.restarts == 0

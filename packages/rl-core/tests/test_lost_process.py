@@ -107,3 +107,26 @@ def test_a_killed_trainer_rank_ends_the_run_with_one_line(
     assert "ray.kill" in line
     assert "; no restart (--max-restarts 0); resume from the last checkpoint with: " in line
     assert line.endswith(f"--load {save}")
+
+
+def test_an_engine_ray_cannot_reach_is_named_by_the_engine_around_it() -> None:
+    """A node that went away: Ray's first error knows only the actor's id, and says "may or
+    may not have been executed"; the line names the engine and says what Ray could not do."""
+    from ray.exceptions import ActorUnavailableError
+
+    from genrm_serve import EngineGoneError
+    from rl_core.lost import lost_process_what
+
+    ray_err = ActorUnavailableError(
+        "The actor is temporarily unavailable: RpcError: RPC error: Socket closed rpc_code: 14. "
+        "The task may or may not have been executed on the actor.",
+        b"\x99" * 16,
+    )
+    try:
+        raise EngineGoneError("rollout-0", ray_err)
+    except EngineGoneError as gone:
+        what = lost_process_what(ray_err, gone)
+    assert what == (
+        "lost engine rollout-0: Ray cannot reach it (its node is down or cut off): "
+        "RpcError: RPC error: Socket closed"
+    )

@@ -18,6 +18,8 @@ import contextlib
 import json
 import logging
 import random
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -244,8 +246,6 @@ def test_with_the_restarts_used_up_a_lost_rank_ends_the_run_with_one_line(
 ) -> None:
     """``--max-restarts 1``: ``actor-1`` killed after step 1's checkpoint (the run restarts),
     then again as soon as the restart has made it anew: exit 1, one line, no traceback."""
-    import threading
-    import time
 
     import ray
 
@@ -278,3 +278,55 @@ def test_with_the_restarts_used_up_a_lost_rank_ends_the_run_with_one_line(
     assert "killed by `ray.kill`" in line
     assert "; no restart left (1 of --max-restarts 1 used); resume from the last checkpoint" in line
     assert line.endswith(f"--load {root / 'ckpt'}")
+
+
+async def test_a_lost_node_restarts_the_run_once_the_cluster_holds_it_again(
+    files: dict[str, Path],
+    undisturbed: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cluster of two nodes (Ray's ``cluster_utils``): the head, with CPUs only, and a node of
+    two logical GPUs that holds the whole plan (trainer ranks, rollout and judge engines). That
+    node is lost without warning once step 1's checkpoint is written; another one like it joins
+    3 s later, as an autoscaler would add it. The restart waits for the plan to fit again,
+    places it on the new node, and the run ends as the undisturbed one."""
+    from ray_clusters import logical_gpu_cluster
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")  # Ray hands out the nodes' logical GPUs
+    name = "node-lost"
+    root = files["root"] / name
+    argv = _argv(files["root"], files["model"], files["data"], name, "--restart-wait-s", "120")
+    cfg = parse_train_args(argv)
+    caplog.set_level(logging.INFO, logger="rl_core")
+    with logical_gpu_cluster(num_cpus=2, num_gpus=0) as cluster:
+        node = cluster.add_node(num_cpus=2, num_gpus=2)
+
+        removed = threading.Event()
+
+        def lose_the_node() -> None:
+            # a thread of its own: the run's blocking Ray calls may hold every thread of the
+            # event loop's executor
+            deadline = time.monotonic() + 600
+            while not (root / "ckpt" / "latest").is_file() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cluster.remove_node(node, allow_graceful=False)
+            removed.set()
+
+        async def add_a_node() -> None:
+            await asyncio.to_thread(removed.wait, 600)
+            await asyncio.sleep(3.0)
+            cluster.add_node(num_cpus=2, num_gpus=2)  # on the main thread: it sets signals
+
+        threading.Thread(target=lose_the_node, daemon=True).start()
+        adder = asyncio.ensure_future(add_a_node())
+        try:
+            assert await run_training(cfg) == 0
+        finally:
+            adder.cancel()
+        assert removed.is_set() and adder.done()
+    said = [r.getMessage() for r in caplog.records]
+    restarts = [m for m in said if "restarting the run from its checkpoint of step" in m]
+    assert len(restarts) == 1, said
+    records = _check_as_undisturbed(run=root, undisturbed=undisturbed)
+    assert sum(1 for r in records if "run/restarted_from_step" in r) == 1

@@ -199,6 +199,49 @@ async def test_the_driver_restarts_on_the_same_ray_until_none_is_left(
     assert len(restarts) == 2 and "restart 2 of --max-restarts 2" in restarts[1]
 
 
+async def test_a_restart_the_cluster_cannot_hold_again_ends_on_the_lost_process(
+    tmp_path, grpo_config, monkeypatch
+):
+    """A node lost for good: the restart asks for the first placement's kind of bundles (the
+    cluster may have no GPU left to tell), its placement wait gives up after
+    ``--restart-wait-s``, and the run ends with :class:`RunLostError` raised from Ray's error
+    for the lost process (its last line names that process), saying why there was no restart."""
+    from rl_core import launch
+    from rl_core.placement import PlacementUnavailableError
+
+    save = tmp_path / "ckpt"
+    cfg = grpo_config(tmp_path, num_rollout=3, save=str(save), save_interval=1)
+    lost = _lost()
+    seen: list[Any] = []
+
+    async def train_once(attempt, _engine, _run_dir, record, *rest):
+        seen.append(record.use_gpus)
+        if record.use_gpus is None:  # the first go: placed on GPUs, then a node is lost
+            record.use_gpus = True
+            _checkpoint(save, 1)
+            raise RuntimeError("a step failed") from lost
+        raise PlacementUnavailableError('placement group "actor" not placed after 5 s')
+
+    monkeypatch.setattr(launch, "connect_ray", lambda *a: None)
+    monkeypatch.setattr(launch, "_train_once", train_once)
+    monkeypatch.setattr(launch, "resolve_rollout_engine", lambda c: "hf")
+    with pytest.raises(RunLostError) as raised:
+        await launch.run_training(cfg)
+    assert seen == [None, True]
+    assert raised.value.note == 'no restart: placement group "actor" not placed after 5 s'
+    from rl_core.lost import lost_actor_error
+
+    assert lost_actor_error(raised.value) is lost
+
+
+def test_a_restart_waits_as_long_as_restart_wait_s(grpo_config, tmp_path):
+    from rl_core.limits import PLACEMENT_TIMEOUT_S
+
+    assert grpo_config(tmp_path).restart_wait_s == PLACEMENT_TIMEOUT_S
+    with pytest.raises(ValueError, match="--restart-wait-s = 0: Input should be greater than 0"):
+        grpo_config(tmp_path, restart_wait_s=0)
+
+
 # --- the records: each step once ------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from rl_core.backends.megatron.parallel import (
 )
 from rl_core.generated import GENERATED_SETS
 from rl_core.grpo.loss import LossConfig
+from rl_core.limits import PLACEMENT_TIMEOUT_S
 from rl_core.placement import (
     LayoutRequest,
     PlacementError,
@@ -158,6 +159,9 @@ class TrainConfig(RewardArgs):
     #: with --save: a lost trainer rank (or another process the run cannot re-create in place)
     #: restarts the run from its last checkpoint, at most this many times (``rl_core.restarts``)
     max_restarts: int = Field(default=3, ge=0)
+    #: a restart after a lost node waits this long for the cluster to hold the plan again (a
+    #: node that comes back, or one the autoscaler adds), then ends the run with one line
+    restart_wait_s: float = Field(default=PLACEMENT_TIMEOUT_S, gt=0)
     run_dir: str = "runs/latest"
     #: a fresh run into a --run-dir holding another run's metrics: replace them (else refused)
     overwrite_run_dir: bool = False
@@ -515,6 +519,14 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         "preemption or OOM kill, and a cause that comes back every time ends the run after "
         "3 tries. 0, without --save, or with none left: the run ends with one line naming "
         "the lost process, Ray's cause and the command that resumes",
+    )
+    _flag(
+        g,
+        "--restart-wait-s",
+        help="a restart waits up to this long for the cluster to hold the plan again (after "
+        "a lost node: one that comes back, or one the autoscaler adds), saying every few "
+        "seconds what it waits for; past it the run ends with one line and the command that "
+        "resumes",
     )
     _flag(g, "--run-dir", help="metrics, TensorBoard, plots")
     _flag(

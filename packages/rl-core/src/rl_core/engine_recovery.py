@@ -9,7 +9,10 @@ awake), and makes the call again. A group's requests are all one call, and a gro
 filled only from its answer, so the step ends with every sample once. Concurrent calls that meet
 the same death share one re-creation. An engine that is alive but marked itself failed
 (``EngineFailedError``: its wake check found weights that did not survive a sleep) is ended and
-re-created the same way: it must not serve again.
+re-created the same way: it must not serve again. An engine whose node was lost (Ray cannot
+reach it, or says its node died) is not: its bundle went with the node, and so did the trainer
+ranks and judge engines there, so the death is raised and the run restarts from its checkpoint
+once the cluster can hold the plan again (``rl_core.restarts``).
 
 Weights reach the new engine through the object store (rank 0's state dict, as
 :class:`~rl_core.weight_sync.ObjectStoreSync` sends them): only the object-store weight path
@@ -35,7 +38,7 @@ from genrm_serve import (
     RemoteEngine,
 )
 
-__all__ = ["RecoverableEngine", "engine_restarts"]
+__all__ = ["RecoverableEngine", "engine_restarts", "node_lost"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,9 @@ logger = logging.getLogger(__name__)
 EngineFactory = Callable[[int], Awaitable[RemoteEngine]]
 #: Rank 0's weights (an object-store reference), for a re-created engine.
 WeightSource = Callable[[], Awaitable[Any]]
+
+#: What Ray's ``ActorDiedError`` says of an actor whose node died (it has no field for it).
+NODE_DIED = "its node has died"
 
 #: Re-creations of one engine within one call before its death is raised (it dies as it starts).
 MAX_RECREATIONS_PER_CALL = 2
@@ -136,6 +142,13 @@ class RecoverableEngine:
             except (EngineGoneError, EngineFailedError) as err:
                 if self.weights is None or attempt == MAX_RECREATIONS_PER_CALL:
                     raise
+                if isinstance(err, EngineGoneError) and node_lost(err.cause):
+                    logger.warning(
+                        "rollout engine %s lost with its node (%s): not re-created in place",
+                        self.name,
+                        err.cause,
+                    )
+                    raise
                 await self._recover(engine, err)
         raise AssertionError("unreachable")
 
@@ -185,6 +198,14 @@ class RecoverableEngine:
 
     async def info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         return dict(await self._do(lambda e: e.info(timeout_s=timeout_s)))
+
+
+def node_lost(cause: BaseException) -> bool:
+    """Whether Ray's error for a gone actor says its node is gone, or cannot be reached (Ray
+    declares a silent node dead only after its health checks miss, seconds later)."""
+    from ray.exceptions import ActorUnavailableError
+
+    return isinstance(cause, ActorUnavailableError) or NODE_DIED in str(cause)
 
 
 def engine_restarts(engines: Any) -> int:

@@ -29,6 +29,7 @@ from rl_core.engine_recovery import RecoverableEngine
 from rl_core.evaluation import Evaluation
 from rl_core.generated import GENERATED_SETS
 from rl_core.layout import read_layout, write_layout
+from rl_core.limits import PLACEMENT_TIMEOUT_S
 from rl_core.metrics import (
     GpuMemoryProbe,
     MetricsWriter,
@@ -37,7 +38,7 @@ from rl_core.metrics import (
     clear_run_records,
     read_metrics,
 )
-from rl_core.placement import render_plan
+from rl_core.placement import PlacementUnavailableError, render_plan
 from rl_core.restarts import Restart, RunLostError, decide_restart, restarted_config
 from rl_core.rewards import reward_setup
 from rl_core.services import connect_ray, place, start_services, start_weight_sync
@@ -98,9 +99,15 @@ class RunRecord:
     history: list[StepRecord] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
+    #: the first placement's bundles (GPUs or CPUs): a restart asks for the same kind, whatever
+    #: a cluster that lost a node has left for now
+    use_gpus: bool | None = None
+    #: Ray's error for the process the last restart replaced
+    lost: BaseException | None = None
 
-    def restart(self, restart: Restart) -> None:
+    def restart(self, restart: Restart, err: BaseException) -> None:
         """Forget what comes after the restart's checkpoint step (it is redone)."""
+        self.lost = err
         self.history[:] = [h for h in self.history if h.step <= restart.step]
         self.evals[:] = [e for e in self.evals if int(e.get("step", 0)) <= restart.step]
         self.restarts.append(restart)
@@ -159,6 +166,12 @@ async def _run_training(
                     attempt, rollout_engine, run_dir, record, console, clock, startup, stop, mirror
                 )
                 break
+            except PlacementUnavailableError as err:
+                if record.lost is None:
+                    raise
+                # a restart the cluster cannot hold within --restart-wait-s (a node lost for
+                # good): the run ends on the process it lost, with the command that resumes
+                raise RunLostError(f"no restart: {err}") from record.lost
             except Exception as err:
                 stopping = stop is not None and stop.requested
                 decided = decide_restart(cfg, err, len(record.restarts), stopping=stopping)
@@ -167,7 +180,7 @@ async def _run_training(
                 if isinstance(decided, str):
                     raise RunLostError(decided) from err
                 logger.warning("%s", decided.line(cfg.max_restarts))
-                record.restart(decided)
+                record.restart(decided, err)
                 attempt = restarted_config(cfg, decided)
     if trainer.stop_report is not None and stop is not None:
         stop.report = trainer.stop_report
@@ -219,7 +232,13 @@ async def _train_once(
     it torn down when it ends, however it ends (a restart builds it again)."""
     async with AsyncExitStack() as stack:
         with clock.timed("ray", startup):  # the placement groups (a restart's too)
-            realized = await place(cfg.plan, stack)
+            realized = await place(
+                cfg.plan,
+                stack,
+                use_gpus=record.use_gpus,
+                timeout_s=cfg.restart_wait_s if record.restarts else PLACEMENT_TIMEOUT_S,
+            )
+            record.use_gpus = realized.use_gpus
         with clock.timed("models", startup):
             policy_path = await asyncio.to_thread(resolve_model, cfg.hf_checkpoint)
         services = await start_services(

@@ -23,6 +23,8 @@ _HEADER = re.compile(r"^\s*(class_name|actor_id|pid|name|namespace|ip):\s*(.*)$"
 _OOM = re.compile(r"Memory on the node .*? was ([\d.]+GB used / [\d.]+GB limit)")
 #: rl-core's actor names: ``rl-core-<run>:<role>-<rank>``.
 _PREFIX = re.compile(r"^rl-core-[0-9a-f]+:")
+#: The transport error inside Ray's message for an actor it cannot reach.
+_RPC = re.compile(r"(RpcError: .*?)(?: rpc_code: \d+|\. The task|$)")
 _CAUSE_CHARS = 300
 
 
@@ -54,23 +56,34 @@ def lost_actor_error(err: BaseException) -> BaseException | None:
     deadline, an engine's ``EngineGoneError``, a task group), else None."""
     from ray.exceptions import OutOfMemoryError, RayActorError
 
-    seen: set[int] = set()
-    todo: list[BaseException] = [err]
-    while todo:
-        e = todo.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in _chain(err):
         if isinstance(e, RayActorError | OutOfMemoryError):
             return e
-        todo += [x for x in (e.__cause__, e.__context__, getattr(e, "cause", None)) if x]
-        if isinstance(e, BaseExceptionGroup):
-            todo += list(e.exceptions)
     return None
 
 
-def lost_process_what(err: BaseException) -> str:
-    """``err`` (Ray's actor error) as "lost <what> <name> (pid, ip): <cause>"."""
+def _chain(err: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    todo = [err]
+    while todo:
+        e = todo.pop()
+        if any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [x for x in (e.__cause__, e.__context__, getattr(e, "cause", None)) if x]
+        if isinstance(e, BaseExceptionGroup):
+            todo += list(e.exceptions)
+    return seen
+
+
+def lost_process_what(err: BaseException, within: BaseException | None = None) -> str:
+    """``err`` (Ray's actor error) as "lost <what> <name> (pid, ip): <cause>"; ``within``: the
+    error it was found under, which may name the engine when Ray's error does not (an actor
+    Ray cannot reach carries only its id)."""
+    from ray.exceptions import ActorUnavailableError
+
+    from genrm_serve import EngineGoneError
+
     text = str(getattr(err, "cause", None) or err)
     fields: dict[str, str] = {}
     rest: list[str] = []
@@ -80,14 +93,25 @@ def lost_process_what(err: BaseException) -> str:
             fields[m[1]] = m[2].strip()
         elif line.strip() and "died unexpectedly before finishing" not in line:
             rest.append(line.strip())
-    name = _PREFIX.sub("", fields.get("name", "")) or fields.get("class_name", "a Ray actor")
+    engine = next(
+        (e.engine_id for e in _chain(within or err) if isinstance(e, EngineGoneError)), None
+    )
+    name = _PREFIX.sub("", fields.get("name", "")) or engine or fields.get("class_name", "")
     what = "trainer rank" if fields.get("class_name") == "TrainWorker" else "process"
+    if not fields.get("name") and engine:
+        what = "engine"
     where = ", ".join(f"{k} {fields[k]}" for k in ("pid", "ip") if k in fields)
     oom = _OOM.search(text)
-    cause = f"killed by Ray's memory monitor ({oom[1]})" if oom else " ".join(rest) or "unknown"
+    rpc = _RPC.search(text)
+    if oom:
+        cause = f"killed by Ray's memory monitor ({oom[1]})"
+    elif isinstance(err, ActorUnavailableError):
+        cause = "Ray cannot reach it (its node is down or cut off)" + (f": {rpc[1]}" if rpc else "")
+    else:
+        cause = " ".join(rest) or "unknown"
     if len(cause) > _CAUSE_CHARS:
         cause = cause[: _CAUSE_CHARS - 3] + "..."
-    return f"lost {what} {name}" + (f" ({where})" if where else "") + f": {cause}"
+    return f"lost {what} {name or 'a Ray actor'}" + (f" ({where})" if where else "") + f": {cause}"
 
 
 def lost_process_line(
@@ -95,7 +119,7 @@ def lost_process_line(
 ) -> str:
     """``err`` (Ray's actor error, or an error raised from one) as the run's last line;
     ``note``: why the run did not restart itself (``rl_core.restarts``)."""
-    line = lost_process_what(err) + (f"; {note}" if note else "")
+    line = lost_process_what(lost_actor_error(err) or err, err) + (f"; {note}" if note else "")
     command = resume_command(argv, save)
     if command is None:
         why = "the run had no --save" if not save else f"none was written to {save} yet"

@@ -103,7 +103,7 @@ def decide_restart(
         step = int(state["extra"]["rollout_step"])
     except (OSError, ValueError, KeyError, TypeError) as bad:
         return f"no restart: the checkpoint {checkpoint_path(source)} is unreadable ({bad})"
-    return Restart(used + 1, lost_process_what(lost), source, step)
+    return Restart(used + 1, lost_process_what(lost, err), source, step)
 
 
 def restarted_config(cfg: TrainConfig, restart: Restart) -> TrainConfig:

@@ -48,6 +48,7 @@ from rl_core.engine_recovery import EngineFactory, RecoverableEngine
 from rl_core.engines import engine_actor
 from rl_core.limits import (
     ENGINE_START_TIMEOUT_S,
+    PLACEMENT_TIMEOUT_S,
     RAY_CALL_SETTLE_S,
     SERVE_DEPLOY_TIMEOUT_S,
     TRAINER_PROBE_TIMEOUT_S,
@@ -389,12 +390,26 @@ def connect_ray(plan: PlacementPlan, stack: AsyncExitStack, stop: StopRequest | 
         stop.install()  # again: ray.init installs a SIGTERM handler that dumps and aborts
 
 
-async def place(plan: PlacementPlan, stack: AsyncExitStack) -> RealizedPlacement:
+async def place(
+    plan: PlacementPlan,
+    stack: AsyncExitStack,
+    *,
+    use_gpus: bool | None = None,
+    timeout_s: float = PLACEMENT_TIMEOUT_S,
+) -> RealizedPlacement:
     """The plan checked against the cluster and placed; its placement groups (and every actor
-    in them) removed when ``stack`` closes (a run's end, or its restart: ``rl_core.restarts``)."""
-    use_gpus = _cluster_gpus() > 0
-    _check_capacity(plan, use_gpus)
-    realized = await _ray_call_in_thread(create_placement_groups, plan, use_gpus=use_gpus)
+    in them) removed when ``stack`` closes (a run's end, or its restart: ``rl_core.restarts``).
+
+    A restart passes the first placement's ``use_gpus``: a cluster that lost a node may lack,
+    for now, what the plan needs (its GPUs, all of them on that node), and the restart waits
+    for it to come back (``timeout_s``, ``--restart-wait-s``) instead of refusing the plan.
+    """
+    if use_gpus is None:
+        use_gpus = _cluster_gpus() > 0
+        _check_capacity(plan, use_gpus)
+    realized = await _ray_call_in_thread(
+        create_placement_groups, plan, use_gpus=use_gpus, timeout_s=timeout_s
+    )
     stack.callback(realized.remove)
     return realized
 

@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (rl_core.restarts): one line, no traceback (rl_core.lost)
         given = list(sys.argv[1:] if argv is None else argv)
         note = err.note if isinstance(err, RunLostError) else None
-        line = lost_process_line(lost, given, cfg.save, note)
+        line = lost_process_line(err, given, cfg.save, note)
         print(f"rl-core train: {line}", file=sys.stderr)
         return 1
     if stop.report is not None:

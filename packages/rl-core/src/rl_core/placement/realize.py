@@ -128,40 +128,49 @@ def _probe_bundle() -> tuple[str, str, list[str]]:
     return ctx.get_node_id(), ip, [str(g) for g in ray.get_gpu_ids()]
 
 
-def _cluster_gpus() -> tuple[float, float]:
+def _cluster_has(resource: str) -> tuple[float, float]:
     return (
-        float(ray.cluster_resources().get("GPU", 0.0)),  # type: ignore[no-untyped-call]
-        float(ray.available_resources().get("GPU", 0.0)),  # type: ignore[no-untyped-call]
+        float(ray.cluster_resources().get(resource, 0.0)),  # type: ignore[no-untyped-call]
+        float(ray.available_resources().get(resource, 0.0)),  # type: ignore[no-untyped-call]
     )
 
 
 def _wait_ready(
-    pg: PlacementGroup, group: GroupPlan, plan: PlacementPlan, deadline: float, log_every: float
+    pg: PlacementGroup,
+    group: GroupPlan,
+    plan: PlacementPlan,
+    deadline: float,
+    log_every: float,
+    use_gpus: bool,
 ) -> None:
+    # what the wait says is the bundles' scarce resource: GPUs, or CPUs on a machine without
     start = time.monotonic()
     ref = pg.ready()
+    unit, bundle = ("GPU", "{GPU: 1, CPU: 1}") if use_gpus else ("CPU", "{CPU: 1}")
     while True:
         remaining = deadline - time.monotonic()
         ready, _ = ray.wait([ref], timeout=max(0.0, min(log_every, remaining)))
         if ready:
             return
-        total, free = _cluster_gpus()
+        total, free = _cluster_has(unit)
         waited = time.monotonic() - start
         if time.monotonic() >= deadline:
             raise PlacementUnavailableError(
-                f'placement group "{group.name}" ({group.num_bundles} bundles of {{GPU: 1, '
-                f"CPU: 1}}, PACK) not placed after {waited:.0f} s: the plan ({plan.mode}) needs "
-                f"{plan.num_gpus} GPUs in total; the cluster has {total:g} GPUs, {free:g} "
-                "free. Add nodes, free GPUs, or shrink --resource"
+                f'placement group "{group.name}" ({group.num_bundles} bundles of {bundle}, '
+                f"PACK) not placed after {waited:.0f} s: the plan ({plan.mode}) needs "
+                f"{plan.num_gpus} {unit}s in total; the cluster has {total:g} {unit}s, "
+                f"{free:g} free. Add nodes, free {unit}s, or shrink --resource"
             )
         logger.warning(
-            'waiting %.0f s for placement group "%s": needs %d GPUs (%d for the whole plan); '
-            "cluster has %g GPUs, %g free",
+            'waiting %.0f s for placement group "%s": needs %d %ss (%d for the whole plan); '
+            "cluster has %g %ss, %g free",
             waited,
             group.name,
             group.num_bundles,
+            unit,
             plan.num_gpus,
             total,
+            unit,
             free,
         )
 
@@ -270,7 +279,7 @@ def create_placement_groups(
         for group in plan.groups:
             pg = placement_group([dict(bundle) for _ in range(group.num_bundles)], strategy="PACK")
             pgs[group.name] = pg
-            _wait_ready(pg, group, plan, deadline, log_interval_s)
+            _wait_ready(pg, group, plan, deadline, log_interval_s, use_gpus)
             slots[group.name] = _locate(pg, group, use_gpus, max(1.0, deadline - time.monotonic()))
         realized = RealizedPlacement(
             plan=plan, placement_groups=pgs, slots=slots, use_gpus=use_gpus
