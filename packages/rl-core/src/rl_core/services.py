@@ -204,10 +204,11 @@ async def start_judge_service(
     instances: dict[str, InstanceSpec],
     stack: AsyncExitStack,
     port: int | None = None,
+    name_prefix: str | None = None,
 ) -> tuple[str, dict[str, list[Any]]]:
     """The judge engines in the plan's bundles, handed to the service (which then creates no
     placement group of its own and re-creates a dead engine in the same bundle)."""
-    actors = create_judge_engines(realized, instances)
+    actors = create_judge_engines(realized, instances, name_prefix=name_prefix)
     refs = {
         key: [
             EngineRef(
@@ -475,7 +476,9 @@ async def start_services(
     rollout = rollout_spec(cfg, policy_path, rollout_engine)
     steps: StartSteps = {"rollout_engines": start_rollout_engines(realized, rollout, prefix)}
     if instances:
-        steps["judge_service"] = start_judge_service(realized, instances, stack, cfg.genrm_port)
+        steps["judge_service"] = start_judge_service(
+            realized, instances, stack, cfg.genrm_port, name_prefix=prefix
+        )
     if trainer and plan.phases_overlap:  # fully-async: the trainer's GPUs are its own
         steps["trainer"] = start_trainer_groups(cfg, realized, policy_path, prefix)
     if plan.shares_gpus("rollout", "genrm"):

@@ -369,15 +369,20 @@ def create_engine_worker_in(
 
 
 def create_judge_engines(
-    realized: RealizedPlacement, instances: Mapping[str, InstanceSpec]
+    realized: RealizedPlacement,
+    instances: Mapping[str, InstanceSpec],
+    *,
+    name_prefix: str | None = None,
 ) -> dict[str, list[Any]]:
-    """The judge engines (genrm-serve's ``EngineWorker`` actors) in the bundles of the plan."""
+    """The judge engines (genrm-serve's ``EngineWorker`` actors) in the bundles of the plan;
+    with ``name_prefix``, named as the run's other actors are (``<prefix>genrm-<instance>-<i>``),
+    so Ray's tools, and an operator, find them."""
     for key in instances:
         if key not in realized.plan.judges:
             raise KeyError(
                 f"judge instance {key!r} is not in the plan ({list(realized.plan.judges)})"
             )
     return {
-        key: create_engine_workers(realized, "genrm", spec, instance=key)
+        key: create_engine_workers(realized, "genrm", spec, instance=key, name_prefix=name_prefix)
         for key, spec in instances.items()
     }
