@@ -44,9 +44,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-#: where the reward of the restart tests lives (``restart_reward.judged_parity``): the judge is
-#: asked about every sample, and the score varies inside a group, so every step moves the weights
+#: where the run of the restart tests lives (``restart_reward``: its flags, and its reward, which
+#: asks the judge about every sample and varies inside a group, so every step moves the weights)
 REWARD_DIR = ROOT / "packages" / "rl-core" / "tests"
+sys.path.insert(0, str(REWARD_DIR))
 RUNS = ROOT / "runs" / "chaos"
 STEPS = 5
 SAMPLES_PER_STEP = 8  # 2 prompts x 4 samples
@@ -71,24 +72,9 @@ for key, value in {
 
 
 def _argv(root: Path, name: str) -> list[str]:
-    judge = {
-        "__default__": {
-            "model_path": "scripted:" + json.dumps({"default": "1", "delay_s": 0.1}),
-            "num_gpus": 1,
-            "engine": "scripted",
-        }
-    }
-    return [
-        "--hf-checkpoint", str(root / "policy"), "--prompt-data", str(root / "train.jsonl"),
-        "--custom-rm-path", "restart_reward.judged_parity",
-        "--genrm-instances", json.dumps(judge),
-        "--num-rollout", str(STEPS), "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "6", "--keep-cut-off", "--lr", "1e-3", "--seed", "7",
-        "--colocate", "--resource", '{"actor": [1, 2], "rollout": [1, 1], "genrm": [1, 1]}',
-        "--device", "cpu",
-        "--run-dir", str(root / name / "run"), "--save", str(root / name / "ckpt"),
-        "--save-interval", "1",
-    ]  # fmt: skip
+    from restart_reward import restart_run_argv
+
+    return restart_run_argv(root, root / "policy", root / "train.jsonl", name, STEPS)
 
 
 def _prepare(root: Path) -> None:
@@ -138,7 +124,6 @@ def _run_in_process(root: Path, name: str, victim: str | None, delay_s: float) -
     from rl_core.config import parse_train_args
     from rl_core.launch import run_training
 
-    sys.path.insert(0, str(REWARD_DIR))
     cfg = parse_train_args(_argv(root, name))
     out: dict[str, Any] = {}
 

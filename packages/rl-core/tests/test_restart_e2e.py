@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from restart_reward import restart_run_argv
 from run_records import tb_scalars
 
 from rl_core.config import parse_train_args
@@ -40,26 +41,7 @@ _SAME = ("rollout/", "train/", "adv/", "weights/version")
 
 
 def _argv(root: Path, model: Path, data: Path, name: str, *extra: str) -> list[str]:
-    judge = {
-        "__default__": {
-            # a judge call takes 0.1 s: the steps after the first last long enough for a
-            # kill at a random time to land inside them
-            "model_path": "scripted:" + json.dumps({"default": "1", "delay_s": 0.1}),
-            "num_gpus": 1,
-            "engine": "scripted",
-        }
-    }
-    return [
-        "--hf-checkpoint", str(model), "--prompt-data", str(data),
-        "--custom-rm-path", "restart_reward.judged_parity",
-        "--genrm-instances", json.dumps(judge),
-        "--num-rollout", str(STEPS), "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "6", "--keep-cut-off", "--lr", "1e-3", "--seed", "7",
-        "--colocate", "--resource", '{"actor": [1, 2], "rollout": [1, 1], "genrm": [1, 1]}',
-        "--device", "cpu",
-        "--run-dir", str(root / name / "run"), "--save", str(root / name / "ckpt"),
-        "--save-interval", "1", *extra,
-    ]  # fmt: skip
+    return restart_run_argv(root, model, data, name, STEPS, *extra)
 
 
 @pytest.fixture(scope="module")

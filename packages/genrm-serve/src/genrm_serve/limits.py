@@ -13,7 +13,7 @@ from typing import Final
 # ---- engines: start, requests, health ---------------------------------------------------------
 
 #: Loading one engine's model: the supervisor's wait and the worker's own start deadline, and
-#: the default of ``genrm-serve run --ready-timeout`` (the embedded Gemma converts once, ~70 s).
+#: the default of ``genrm-serve run --ready-timeout`` (the embedded Gemma converts once, ~50 s).
 ENGINE_START_TIMEOUT_S: Final = 1800.0
 #: One judge request, queueing in the router and in the engine actor included: the one deadline
 #: of a request, from its arrival at the router. The waits inside it (for an engine slot, the

@@ -63,6 +63,8 @@ ADAPTER_NONE = "none"
 _ADAPTER_FILES = ("adapter_config.json",)
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 _MARKER = "genrm-embedded.json"
+#: The embedded model's config (``_convert_gemma``), as transformers reads it from the GGUF.
+_EMBEDDED_CONFIG = Path(__file__).resolve().parent / "embedded" / "gemma3-270m.config.json"
 #: What the converted tokenizer must make of one string: Gemma 3's SentencePiece ids, BOS first,
 #: one token per word. transformers 5.17 (the GPU image's) converts the GGUF's vocabulary into a
 #: tokenizer that splits text into single characters, and 5.20-5.22 into one without the BOS; the
@@ -113,16 +115,15 @@ def _convert_gemma(work: Path, out: Path) -> None:
 
     t0 = time.monotonic()
     gguf = pkg.assemble(work / pkg.MODEL_NAME)
-    logger.info("embedded model: assembled %s; converting from GGUF (1-2 minutes)", gguf)
+    logger.info("embedded model: assembled %s; converting from GGUF (about a minute)", gguf)
     # Not ``from_pretrained(gguf_file=...)``: that needs ``accelerate`` and gives a model that
-    # refuses ``save_pretrained``. Build from the GGUF's config instead and load its tensors.
+    # refuses ``save_pretrained``. Build the model from its config, then load the GGUF's tensors.
     # Each ``load_gguf_checkpoint`` parses all the file's metadata (its 262k-token vocabulary
-    # too: ~25 s on 2 cores), and ``AutoConfig`` / ``AutoTokenizer`` with ``gguf_file`` would each
-    # parse it once more: the config comes from one parse here, and the tokenizer is Gemma's,
-    # whose GGUF path reads only the vocabulary.
-    config_dict = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]  # type: ignore[no-untyped-call]
-    config_dict.pop("quantization_config", None)
-    config = AutoConfig.for_model(**config_dict)
+    # too: ~25 s on 2 cores), so the config is not parsed from the file but shipped beside this
+    # module (the GGUF's own, as transformers reads it; the package pins the file's sha256):
+    # one parse in all. A config that did not match the tensors fails the strict key check.
+    # The tokenizer is Gemma's, whose GGUF path reads only the vocabulary.
+    config = AutoConfig.for_model(**json.loads(_EMBEDDED_CONFIG.read_text()))
     model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
     tensors = load_gguf_checkpoint(  # type: ignore[no-untyped-call]
         str(gguf), return_tensors=True, model_to_load=model, torch_dtype=torch.bfloat16
@@ -179,7 +180,7 @@ def _is_ready(target: Path) -> bool:
 
 
 def ensure_embedded_model(cache_dir: str | Path | None = None, name: str = "gemma3-270m") -> Path:
-    """Return the folder of the embedded model, converting it on first use (~70 s, once).
+    """Return the folder of the embedded model, converting it on first use (~50 s on 2 cores, once).
 
     Safe to call from several processes at once: one converts, the others wait on a file lock.
     """
