@@ -4,6 +4,7 @@ command that resumes (``rl_core.lost``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ray.exceptions import RayActorError
@@ -130,3 +131,37 @@ def test_an_engine_ray_cannot_reach_is_named_by_the_engine_around_it() -> None:
         "lost engine rollout-0: Ray cannot reach it (its node is down or cut off): "
         "RpcError: RPC error: Socket closed"
     )
+
+
+async def test_a_step_that_failed_on_its_own_finds_the_process_lost_behind_it() -> None:
+    """A node gone: the judge's 503s may end the step before any call to a trainer rank or the
+    rollout engine fails. Asked, the gone one answers with Ray's error (a busy one is not
+    gone); the line then names it as if Ray's error had come first."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ray.exceptions import ActorUnavailableError
+
+    from rl_core.lost import ProcessLostError, find_lost_actor, lost_process_what
+
+    gone = ActorUnavailableError("The actor is temporarily unavailable: RpcError: x", None)
+
+    def actor(answer: str) -> Any:
+        async def ready() -> None:
+            if answer == "gone":
+                raise gone
+            if answer == "busy":
+                await asyncio.sleep(5)
+
+        return SimpleNamespace(__ray_ready__=SimpleNamespace(remote=ready))
+
+    actors = [("trainer rank actor-0", actor("busy")), ("trainer rank actor-1", actor("gone"))]
+    assert await find_lost_actor(actors, 0.2) == ("trainer rank actor-1", gone)
+    assert await find_lost_actor(actors[:1], 0.2) is None
+    try:
+        raise ProcessLostError(
+            "JudgeFailureError: step 2: 8 of 8 samples", "trainer rank actor-1"
+        ) from gone
+    except ProcessLostError as err:
+        what = lost_process_what(gone, err)
+    assert what.startswith("lost trainer rank actor-1: Ray cannot reach it")

@@ -29,7 +29,8 @@ from rl_core.engine_recovery import RecoverableEngine
 from rl_core.evaluation import Evaluation
 from rl_core.generated import GENERATED_SETS
 from rl_core.layout import read_layout, write_layout
-from rl_core.limits import PLACEMENT_TIMEOUT_S
+from rl_core.limits import FAILED_STEP_PROBE_S, PLACEMENT_TIMEOUT_S
+from rl_core.lost import ProcessLostError, find_lost_actor, lost_actor_error
 from rl_core.metrics import (
     GpuMemoryProbe,
     MetricsWriter,
@@ -302,8 +303,27 @@ async def _train_once(
                 engine.weights = learner.export_weights
         if stop is not None:
             stack.callback(stop.abrupt)  # a run that fails unwinds without waiting for a step
-        await trainer.run()
+        try:
+            await trainer.run()
+        except Exception as err:
+            await _raise_a_lost_process(err, learner, services.engines)
+            raise
     return trainer, learner
+
+
+async def _raise_a_lost_process(err: Exception, learner: Any, engines: list[Any]) -> None:
+    """A step that failed for a reason of its own (its judge failures, a deadline) may have
+    lost a process behind it (a node gone takes the judge engine's answers first): asked, a
+    trainer rank or rollout engine that is gone makes it a lost process, which restarts the
+    run (``rl_core.restarts``) instead of ending it."""
+    if lost_actor_error(err) is not None or isinstance(err, PlacementUnavailableError):
+        return
+    actors = [(f"trainer rank actor-{r}", w) for r, w in enumerate(getattr(learner, "workers", []))]
+    actors += [(f"engine {e.name}", e.handle) for e in engines]
+    lost = await find_lost_actor(actors, FAILED_STEP_PROBE_S)
+    if lost is not None:
+        who, ray_err = lost
+        raise ProcessLostError(f"{type(err).__name__}: {err}", who) from ray_err
 
 
 def run_notes(cfg: TrainConfig) -> list[str]:

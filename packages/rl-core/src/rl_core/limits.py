@@ -18,6 +18,7 @@ __all__ = [
     "ENGINE_CALL_TIMEOUT_S",
     "ENGINE_PROBE_TIMEOUT_S",
     "ENGINE_START_TIMEOUT_S",
+    "FAILED_STEP_PROBE_S",
     "PLACEMENT_TIMEOUT_S",
     "PROCESS_GROUP_TIMEOUT_S",
     "RANK_LOSS_SETTLE_S",
@@ -76,6 +77,11 @@ TRAINER_CALL_TIMEOUT_S: Final = 3600.0
 #: checkpoint, ``rl_core.restarts``) behind a survivor's own error (gloo's "connection closed by
 #: peer" may arrive first). Only a failed call waits it.
 RANK_LOSS_SETTLE_S: Final = 10.0
+#: A step that failed for a reason of its own (its judge failures, a deadline): how long the run's
+#: trainer ranks and rollout engines are asked whether they are still there, to find a process
+#: lost behind that failure (a node that went away takes its judge engine too, and the judge's
+#: failures may come first); a run that lost one restarts from its checkpoint instead of ending.
+FAILED_STEP_PROBE_S: Final = 10.0
 #: A question to the trainer ranks that computes nothing (where they run, their memory, rank 0's
 #: address).
 TRAINER_PROBE_TIMEOUT_S: Final = 60.0

@@ -12,10 +12,18 @@ import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rl_core.checkpoints import LATEST
 
-__all__ = ["lost_actor_error", "lost_process_line", "lost_process_what", "resume_command"]
+__all__ = [
+    "ProcessLostError",
+    "find_lost_actor",
+    "lost_actor_error",
+    "lost_process_line",
+    "lost_process_what",
+    "resume_command",
+]
 
 #: The header lines of Ray's message (what the process was), not its cause.
 _HEADER = re.compile(r"^\s*(class_name|actor_id|pid|name|namespace|ip):\s*(.*)$")
@@ -62,6 +70,40 @@ def lost_actor_error(err: BaseException) -> BaseException | None:
     return None
 
 
+class ProcessLostError(RuntimeError):
+    """A step's own error (a judge failure, a deadline) behind which the run found a process it
+    lost (``who``: "trainer rank actor-1", "engine rollout-0"): raised from Ray's error for that
+    process, so the run restarts (``rl_core.restarts``) or ends on the lost process's line, as
+    if Ray's error had come first."""
+
+    def __init__(self, message: str, who: str) -> None:
+        super().__init__(message)
+        self.who = who
+
+
+async def find_lost_actor(
+    actors: Sequence[tuple[str, Any]], timeout_s: float
+) -> tuple[str, BaseException] | None:
+    """The first of ``actors`` (name, Ray actor handle) that is gone, with Ray's error, asked of
+    all at once (``__ray_ready__``, which every actor answers); None when each answered, or was
+    still busy, within ``timeout_s``."""
+    import asyncio
+
+    from ray.exceptions import RayActorError
+
+    async def ask(handle: Any) -> BaseException | None:
+        try:
+            await asyncio.wait_for(handle.__ray_ready__.remote(), timeout_s)
+        except RayActorError as err:
+            return err
+        except TimeoutError:
+            return None  # busy (a call still running), not gone
+        return None
+
+    found = await asyncio.gather(*(ask(handle) for _, handle in actors))
+    return next(((name, e) for (name, _), e in zip(actors, found, strict=True) if e), None)
+
+
 def _chain(err: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     todo = [err]
@@ -93,13 +135,15 @@ def lost_process_what(err: BaseException, within: BaseException | None = None) -
             fields[m[1]] = m[2].strip()
         elif line.strip() and "died unexpectedly before finishing" not in line:
             rest.append(line.strip())
-    engine = next(
-        (e.engine_id for e in _chain(within or err) if isinstance(e, EngineGoneError)), None
-    )
+    chain = _chain(within or err)
+    engine = next((e.engine_id for e in chain if isinstance(e, EngineGoneError)), None)
+    found = next((e.who for e in chain if isinstance(e, ProcessLostError)), None)
     name = _PREFIX.sub("", fields.get("name", "")) or engine or fields.get("class_name", "")
     what = "trainer rank" if fields.get("class_name") == "TrainWorker" else "process"
     if not fields.get("name") and engine:
         what = "engine"
+    if not fields.get("name") and found:
+        what, _, name = found.rpartition(" ")
     where = ", ".join(f"{k} {fields[k]}" for k in ("pid", "ip") if k in fields)
     oom = _OOM.search(text)
     rpc = _RPC.search(text)
