@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -165,7 +166,7 @@ def _run_driver_victim(root: Path, name: str, delay_s: float) -> dict[str, Any]:
     proc.wait()
     if "killed" in out:
         # what the killed driver started (its local Ray) goes with its session
-        with __import__("contextlib").suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         resumed = subprocess.run([*argv, "--load", str(ckpt)], env=_env(), stdout=log, stderr=log)
         out["status"] = resumed.returncode

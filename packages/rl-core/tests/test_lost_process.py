@@ -155,12 +155,12 @@ async def test_a_step_that_failed_on_its_own_finds_the_process_lost_behind_it() 
 
         return SimpleNamespace(__ray_ready__=SimpleNamespace(remote=ready))
 
-    actors = [("trainer rank actor-0", actor("busy")), ("trainer rank actor-1", actor("gone"))]
-    assert await find_lost_actor(actors, 0.2) == ("trainer rank actor-1", gone)
+    actors = [("actor-0", actor("busy")), ("actor-1", actor("gone"))]
+    assert await find_lost_actor(actors, 0.2) == ("actor-1", gone)
     assert await find_lost_actor(actors[:1], 0.2) is None
     try:
         raise ProcessLostError(
-            "JudgeFailureError: step 2: 8 of 8 samples", "trainer rank actor-1"
+            "JudgeFailureError: step 2: 8 of 8 samples", "trainer rank", "actor-1"
         ) from gone
     except ProcessLostError as err:
         what = lost_process_what(gone, err)

@@ -318,12 +318,12 @@ async def _raise_a_lost_process(err: Exception, learner: Any, engines: list[Any]
     run (``rl_core.restarts``) instead of ending it."""
     if lost_actor_error(err) is not None or isinstance(err, PlacementUnavailableError):
         return
-    actors = [(f"trainer rank actor-{r}", w) for r, w in enumerate(getattr(learner, "workers", []))]
-    actors += [(f"engine {e.name}", e.handle) for e in engines]
+    actors = [(("trainer rank", f"actor-{r}"), w) for r, w in enumerate(learner.workers)]
+    actors += [(("engine", e.name), e.handle) for e in engines]
     lost = await find_lost_actor(actors, FAILED_STEP_PROBE_S)
     if lost is not None:
-        who, ray_err = lost
-        raise ProcessLostError(f"{type(err).__name__}: {err}", who) from ray_err
+        (what, name), ray_err = lost
+        raise ProcessLostError(f"{type(err).__name__}: {err}", what, name) from ray_err
 
 
 def run_notes(cfg: TrainConfig) -> list[str]:

@@ -72,21 +72,21 @@ def lost_actor_error(err: BaseException) -> BaseException | None:
 
 class ProcessLostError(RuntimeError):
     """A step's own error (a judge failure, a deadline) behind which the run found a process it
-    lost (``who``: "trainer rank actor-1", "engine rollout-0"): raised from Ray's error for that
+    lost (``what`` "trainer rank", ``name`` "actor-1"): raised from Ray's error for that
     process, so the run restarts (``rl_core.restarts``) or ends on the lost process's line, as
     if Ray's error had come first."""
 
-    def __init__(self, message: str, who: str) -> None:
+    def __init__(self, message: str, what: str, name: str) -> None:
         super().__init__(message)
-        self.who = who
+        self.what, self.name = what, name
 
 
 async def find_lost_actor(
-    actors: Sequence[tuple[str, Any]], timeout_s: float
-) -> tuple[str, BaseException] | None:
-    """The first of ``actors`` (name, Ray actor handle) that is gone, with Ray's error, asked of
-    all at once (``__ray_ready__``, which every actor answers); None when each answered, or was
-    still busy, within ``timeout_s``."""
+    actors: Sequence[tuple[Any, Any]], timeout_s: float
+) -> tuple[Any, BaseException] | None:
+    """The first of ``actors`` (a label, a Ray actor handle) that is gone, with Ray's error,
+    asked of all at once (``__ray_ready__``, which every actor answers); None when each
+    answered, or was still busy, within ``timeout_s``."""
     import asyncio
 
     from ray.exceptions import RayActorError
@@ -105,17 +105,17 @@ async def find_lost_actor(
 
 
 def _chain(err: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
+    seen: dict[int, BaseException] = {}
     todo = [err]
     while todo:
         e = todo.pop()
-        if any(e is s for s in seen):
+        if id(e) in seen:
             continue
-        seen.append(e)
+        seen[id(e)] = e
         todo += [x for x in (e.__cause__, e.__context__, getattr(e, "cause", None)) if x]
         if isinstance(e, BaseExceptionGroup):
             todo += list(e.exceptions)
-    return seen
+    return list(seen.values())
 
 
 def lost_process_what(err: BaseException, within: BaseException | None = None) -> str:
@@ -137,13 +137,13 @@ def lost_process_what(err: BaseException, within: BaseException | None = None) -
             rest.append(line.strip())
     chain = _chain(within or err)
     engine = next((e.engine_id for e in chain if isinstance(e, EngineGoneError)), None)
-    found = next((e.who for e in chain if isinstance(e, ProcessLostError)), None)
+    found = next((e for e in chain if isinstance(e, ProcessLostError)), None)
     name = _PREFIX.sub("", fields.get("name", "")) or engine or fields.get("class_name", "")
     what = "trainer rank" if fields.get("class_name") == "TrainWorker" else "process"
     if not fields.get("name") and engine:
         what = "engine"
     if not fields.get("name") and found:
-        what, _, name = found.rpartition(" ")
+        what, name = found.what, found.name
     where = ", ".join(f"{k} {fields[k]}" for k in ("pid", "ip") if k in fields)
     oom = _OOM.search(text)
     rpc = _RPC.search(text)
