@@ -6,7 +6,11 @@ and this file is the root conftest that pytest loads for every test path, so one
 packages. torch is imported only when some collected test carries the marker: genrm-client's tests
 (and its wheel-isolation test) must not pay for, or depend on, torch.
 
-It also holds the one fixture that tests of several packages share, ``wheel_kit``.
+It also holds the one fixture that tests of several packages share, ``wheel_kit``, and the
+test process's one Ray for rl-core's end-to-end runs, ``shared_ray``: on the 2-core machine a
+local Ray's start costs a run about 10 s (and 9 s of CPU), the files that use it run one after
+another in a test process, and a run finds the Ray up and leaves it up, as under ``ray job
+submit``. Every other test file finds no Ray started before it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +43,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _slow_files_first(items: list[pytest.Item]) -> None:
-    """Files holding a ``slow`` test run first, each file's tests in their own order.
+    """Files holding a ``slow`` test run first, those on ``shared_ray`` first of all; each
+    file's tests in their own order.
 
     scripts/test.sh hands whole files to its test processes in collection order; a slow file
     collected last (rl-core's end-to-end runs sort after every other package) can keep one
-    process busy for a minute and more after the other has run out of files."""
+    process busy for a minute and more after the other has run out of files. The files on
+    the shared Ray, collected together, follow one another in each process, on one Ray."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each file
+    shared = {item.path for item in items if "shared_ray" in item.fixturenames}
+    # stable: the order within each file
+    items.sort(key=lambda item: (item.path not in shared, item.path not in slow))
 
 
 def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
@@ -161,3 +170,48 @@ class WheelKit:
 def wheel_kit() -> WheelKit:
     """Build and install the workspace's wheels alone (the wheel-isolation tests)."""
     return WheelKit(Path(__file__).resolve().parent)
+
+
+#: whether the Ray this process has up is ``shared_ray``'s (and not a leftover of another file's)
+_SHARED_RAY = {"up": False}
+
+
+@pytest.fixture(scope="module")
+def shared_ray() -> Iterator[None]:
+    """This test process's local Ray for the runs of the files that ask for it, on CPU only
+    (``CUDA_VISIBLE_DEVICES`` empty when it starts: Ray counts no GPU, every role computes on
+    CPU); kept up for the next such file, shut down before any other file and at the end.
+
+    What a run's processes inherit is the environment of Ray's start, not of the test: a file
+    that sets a variable the run's actors read must not ask for it."""
+    import ray
+
+    if not (_SHARED_RAY["up"] and ray.is_initialized()):
+        ray.shutdown()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("CUDA_VISIBLE_DEVICES", "")
+            ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+        _SHARED_RAY["up"] = True
+    yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_ray_left_up(request: pytest.FixtureRequest) -> None:
+    """A file that does not ask for ``shared_ray`` starts with no Ray up in this process."""
+    if "ray" not in sys.modules:
+        return
+    mine = [i for i in request.session.items if i.path == request.path]
+    if any("shared_ray" in i.fixturenames for i in mine):
+        return
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _SHARED_RAY["up"] = False
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _SHARED_RAY["up"] and "ray" in sys.modules:
+        import ray
+
+        ray.shutdown()

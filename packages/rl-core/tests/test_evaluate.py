@@ -257,7 +257,7 @@ def test_the_cli_lists_eval():
 
 
 @pytest.mark.slow
-async def test_eval_reproduces_the_runs_last_eval_figure(tmp_path, monkeypatch):
+async def test_eval_reproduces_the_runs_last_eval_figure(tmp_path, monkeypatch, shared_ray):
     """A training run evaluates after its last step (greedy); ``rl-core eval --from-run`` on its
     final checkpoint (exported to a model folder on the way) gives exactly the figure the run
     logged."""

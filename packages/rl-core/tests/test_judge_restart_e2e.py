@@ -19,7 +19,7 @@ from rl_core.metrics import read_metrics
 pytestmark = pytest.mark.slow
 
 
-async def test_a_judge_engine_killed_mid_step_costs_no_reward(tmp_path, monkeypatch):
+async def test_a_judge_engine_killed_mid_step_costs_no_reward(tmp_path, monkeypatch, shared_ray):
     from genrm_serve.testing import build_tiny_model
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

@@ -15,7 +15,7 @@ from rl_core.metrics import read_metrics
 pytestmark = pytest.mark.slow
 
 
-async def test_train_two_steps_from_flags(tmp_path, monkeypatch):
+async def test_train_two_steps_from_flags(tmp_path, monkeypatch, shared_ray):
     from genrm_serve.testing import build_tiny_model
 
     # an authenticated service: rewards and the colocated sleep / wake must send the key

@@ -19,7 +19,9 @@ from rl_core.metrics import read_metrics
 pytestmark = pytest.mark.slow
 
 
-async def test_train_two_steps_with_pairwise_rewards(tmp_path, monkeypatch, tiny_run_flags):
+async def test_train_two_steps_with_pairwise_rewards(
+    tmp_path, monkeypatch, tiny_run_flags, shared_ray
+):
     from genrm_serve.testing import build_tiny_model
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

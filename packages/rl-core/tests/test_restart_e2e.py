@@ -66,7 +66,7 @@ def _no_cuda() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def undisturbed(files: dict[str, Path]) -> Path:
+def undisturbed(files: dict[str, Path], shared_ray: None) -> Path:
     """The root of a run with the same flags that nothing disturbed."""
     cfg = parse_train_args(_argv(files["root"], files["model"], files["data"], "undisturbed"))
     assert asyncio.run(run_training(cfg)) == 0
@@ -173,7 +173,7 @@ def _base_weights(root: Path) -> dict[str, Any]:
 
 
 async def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(
-    files: dict[str, Path], undisturbed: Path, caplog: pytest.LogCaptureFixture
+    files: dict[str, Path], shared_ray: None, undisturbed: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     run, killed = await _restarted_run(files, "killed", 0.0, caplog)
     assert len(killed) == 1, "the trainer rank was not killed during the run"
@@ -192,7 +192,7 @@ async def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(
 
 
 async def test_a_step_recorded_after_the_checkpoint_is_recorded_once(
-    files: dict[str, Path], undisturbed: Path, caplog: pytest.LogCaptureFixture
+    files: dict[str, Path], shared_ray: None, undisturbed: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``--save-interval 2``: the rank is lost once step 3 is recorded, before step 4's save;
     the restart from step 2's checkpoint redoes step 3, whose first records (a line of
@@ -211,7 +211,11 @@ async def test_a_step_recorded_after_the_checkpoint_is_recorded_once(
 
 @pytest.mark.parametrize("seed", [1, 2], ids=["seed-1", "seed-2"])
 async def test_chaos_a_trainer_rank_killed_at_a_random_time(
-    files: dict[str, Path], undisturbed: Path, caplog: pytest.LogCaptureFixture, seed: int
+    files: dict[str, Path],
+    shared_ray: None,
+    undisturbed: Path,
+    caplog: pytest.LogCaptureFixture,
+    seed: int,
 ) -> None:
     """The short chaos run for this victim: the kill lands at a seeded random point after step
     1's checkpoint (rollout, training, weight sync or a save), and the run still ends as the
@@ -224,7 +228,10 @@ async def test_chaos_a_trainer_rank_killed_at_a_random_time(
 
 
 def test_with_the_restarts_used_up_a_lost_rank_ends_the_run_with_one_line(
-    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    files: dict[str, Path],
+    shared_ray: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``--max-restarts 1``: ``actor-1`` killed after step 1's checkpoint (the run restarts),
     then again as soon as the restart has made it anew: exit 1, one line, no traceback."""
@@ -273,8 +280,10 @@ async def test_a_lost_node_restarts_the_run_once_the_cluster_holds_it_again(
     node is lost without warning once step 1's checkpoint is written; another one like it joins
     3 s later, as an autoscaler would add it. The restart waits for the plan to fit again,
     places it on the new node, and the run ends as the undisturbed one."""
+    import ray
     from ray_clusters import logical_gpu_cluster
 
+    ray.shutdown()  # the runs' shared one (the tests above): this run's is a cluster of two nodes
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")  # Ray hands out the nodes' logical GPUs
     name = "node-lost"
     root = files["root"] / name

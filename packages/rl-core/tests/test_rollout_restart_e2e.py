@@ -34,7 +34,9 @@ async def _kill_rollout_engine_after_step_1(run_dir, killed: list[str]) -> None:
     killed.append(name)
 
 
-async def test_a_rollout_engine_killed_mid_run_is_recreated(tmp_path, monkeypatch, caplog):
+async def test_a_rollout_engine_killed_mid_run_is_recreated(
+    tmp_path, monkeypatch, caplog, shared_ray
+):
     from genrm_serve.testing import build_tiny_model
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

@@ -39,7 +39,9 @@ def _expected(response: str, rubric: list[dict[str, object]]) -> float:
     return score / total
 
 
-async def test_rubric_with_a_panel_trains_two_steps(tmp_path, monkeypatch, tiny_run_flags):
+async def test_rubric_with_a_panel_trains_two_steps(
+    tmp_path, monkeypatch, tiny_run_flags, shared_ray
+):
     from genrm_serve.testing import build_tiny_model
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

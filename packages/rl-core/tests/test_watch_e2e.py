@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 
 async def test_an_offline_wandb_run_of_a_cpu_training(
-    tmp_path, monkeypatch, capsys, tiny_run_flags
+    tmp_path, monkeypatch, capsys, tiny_run_flags, shared_ray
 ):
     pytest.importorskip("wandb")
     from genrm_serve.testing import build_tiny_model
