@@ -33,9 +33,11 @@ from genrm_serve.ingress import GenRMIngress
 from genrm_serve.serve_args import ServeArgs
 
 __all__ = [
+    "ServeRunningError",
     "build_app",
     "deploy",
     "free_port",
+    "refuse_another_serve",
     "shutdown_serve",
     "start_proxy",
     "wait_until_healthy",
@@ -123,6 +125,7 @@ def deploy(
     is called every ``progress_every_s`` meanwhile.
     """
     args = args or ServeArgs()
+    refuse_another_serve(args.port)
     _start_serve(args.host, args.port)
     if timeout_s is None:
         return serve.run(app, name=args.app_name, route_prefix=args.route_prefix)
@@ -189,6 +192,7 @@ def start_proxy(host: str = "127.0.0.1", port: int | None = None) -> int:
     chose is theirs to fix, so its bind error is raised. :func:`deploy` with the same host and
     port then connects to this proxy.
     """
+    refuse_another_serve(port)
     for attempt in range(1, limits.FREE_PORT_ATTEMPTS + 1):
         chosen = free_port(host) if port is None else port
         try:
@@ -202,6 +206,43 @@ def start_proxy(host: str = "127.0.0.1", port: int | None = None) -> int:
             logger.warning("port %d was taken before Serve's proxy bound it: another", chosen)
             serve.shutdown()  # type: ignore[no-untyped-call]
     raise AssertionError("unreachable")
+
+
+class ServeRunningError(RuntimeError):
+    """Serve already runs on the cluster, its HTTP proxy on another port than the one asked."""
+
+
+def _running_serve_port() -> int | None:
+    """The HTTP port of the Serve that runs on the cluster, or None where none runs."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return None
+    try:
+        options: Any = ray.get(controller.get_http_config.remote(), timeout=limits.SERVE_PORT_ASK_S)
+    except Exception:  # a controller on its way out: serve.start meets it as before
+        logger.debug("the running Serve did not say its HTTP port", exc_info=True)
+        return None
+    return int(options.port)
+
+
+def refuse_another_serve(port: int | None) -> None:
+    """Refuse a start on a cluster whose Serve proxies on another port (any, for a free one).
+
+    ``serve.start`` on a running Serve keeps that Serve's proxy and ignores the port asked,
+    without an error: the service would answer on a port nothing listens on, and its shutdown
+    would take the other Serve's applications down with it."""
+    running = _running_serve_port()
+    if running is None or running == port:
+        return
+    raise ServeRunningError(
+        f"Ray Serve already runs on this cluster, its HTTP proxy on port {running}: the judge "
+        f"service starts a Serve of its own{'' if port is None else f' on port {port}'}; shut "
+        "that one down (`serve shutdown`) or use another cluster"
+    )
 
 
 def _start_serve(host: str, port: int) -> None:

@@ -339,11 +339,17 @@ class _HealthProgress:
             self.stream.flush()
 
 
-def _teardown(args: ServeArgs, started_ray: bool) -> None:
-    """Delete the deployment (bounded), then stop the Ray instance this process started."""
+def _teardown(args: ServeArgs, started_ray: bool, deployed: bool = True) -> None:
+    """Delete the deployment (bounded), then stop the Ray instance this process started.
+
+    Not ``deployed`` (refused before the deploy): another Serve's app of the same name is not
+    ours to delete."""
     import ray
 
     if not ray.is_initialized():
+        return
+    if not deployed and not started_ray:
+        ray.shutdown()  # this process's connection only
         return
     print("shutting down ...", flush=True)
     from ray import serve
@@ -380,20 +386,33 @@ def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     started_ray = False
+    deployed = False
     code = 0
     try:
         started_ray = _init_ray(None, ns.num_cpus, ns.dashboard)
         signal.signal(signal.SIGTERM, _raise_stop)  # ray.init installed its own (sys.exit)
         from ray import serve
 
-        from genrm_serve.app import EngineStartError, build_app, deploy, wait_until_healthy
+        from genrm_serve.app import (
+            EngineStartError,
+            ServeRunningError,
+            build_app,
+            deploy,
+            wait_until_healthy,
+        )
 
         try:
             _check_capacity(instances, args)
         except CapacityError as err:
             print(f"genrm-serve run: error: {err}", file=sys.stderr, flush=True)
             return 2
-        deploy(build_app(instances, args=args), args)
+        deployed = True  # a deploy cut short is ours to delete too
+        try:
+            deploy(build_app(instances, args=args), args)
+        except ServeRunningError as err:  # refused before Serve was touched
+            deployed = False
+            print(f"genrm-serve run: error: {err}", file=sys.stderr, flush=True)
+            return 2
         print(f"GenRM service deployed at {args.url} (instances: {', '.join(instances)})")
         print("waiting for the engines to load ...", flush=True)
         progress = _HealthProgress(sys.stderr)
@@ -424,7 +443,7 @@ def _cmd_run(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, _ignore_signal)
         signal.signal(signal.SIGINT, _ignore_signal)
-        _teardown(args, started_ray)
+        _teardown(args, started_ray, deployed)
     return code
 
 

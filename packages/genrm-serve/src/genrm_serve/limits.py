@@ -101,6 +101,9 @@ SERVE_UNREACHABLE_S: Final = 120.0
 #: Tearing Serve down: how long to wait for its controller to be gone (the next run on the
 #: cluster must not meet a controller that is still shutting down: it kills the new proxies).
 SERVE_GONE_WAIT_S: Final = 60.0
+#: Starting Serve where one already runs: how long its controller may take to say on which port
+#: its HTTP proxy listens (``app.start_proxy`` refuses another port; past this, it does not ask).
+SERVE_PORT_ASK_S: Final = 10.0
 #: ``serve.start`` attempts while Serve's controller replaces an HTTP proxy that was slow to
 #: start (see ``app.deploy``).
 PROXY_START_ATTEMPTS: Final = 3

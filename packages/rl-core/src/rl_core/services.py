@@ -32,12 +32,14 @@ from genrm_serve import (
     InstanceSpec,
     RemoteEngine,
     ServeArgs,
+    ServeRunningError,
     build_app,
     check_fits,
     check_service_fits,
     cluster_capacity,
     deploy,
     engine_id_for,
+    refuse_another_serve,
     shutdown_serve,
     start_proxy,
     wait_until_healthy,
@@ -207,7 +209,15 @@ async def start_judge_service(
     name_prefix: str | None = None,
 ) -> tuple[str, dict[str, list[Any]]]:
     """The judge engines in the plan's bundles, handed to the service (which then creates no
-    placement group of its own and re-creates a dead engine in the same bundle)."""
+    placement group of its own and re-creates a dead engine in the same bundle).
+
+    A Serve that already runs on the cluster is not the run's to use (it keeps its own port),
+    nor to shut down: refused first (:class:`PlacementUnavailableError`), before anything is
+    set to be torn down."""
+    try:
+        await _ray_call_in_thread(refuse_another_serve, port)
+    except ServeRunningError as err:
+        raise PlacementUnavailableError(str(err)) from err
     actors = create_judge_engines(realized, instances, name_prefix=name_prefix)
     refs = {
         key: [
