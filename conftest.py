@@ -42,6 +42,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _skip_gpu_tests_without_cuda(items)
 
 
+#: whether the Ray this process has up is ``shared_ray``'s (and not a leftover of another file's)
+_SHARED_RAY = {"up": False}
+#: the test files with a test on ``shared_ray`` (found at collection)
+_SHARED_RAY_FILES: set[Path] = set()
+
+
 def _slow_files_first(items: list[pytest.Item]) -> None:
     """Files holding a ``slow`` test run first, those on ``shared_ray`` first of all; each
     file's tests in their own order.
@@ -51,7 +57,8 @@ def _slow_files_first(items: list[pytest.Item]) -> None:
     process busy for a minute and more after the other has run out of files. The files on
     the shared Ray, collected together, follow one another in each process, on one Ray."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    shared = {item.path for item in items if "shared_ray" in item.fixturenames}
+    shared = _SHARED_RAY_FILES
+    shared |= {item.path for item in items if "shared_ray" in item.fixturenames}
     # stable: the order within each file
     items.sort(key=lambda item: (item.path not in shared, item.path not in slow))
 
@@ -172,10 +179,6 @@ def wheel_kit() -> WheelKit:
     return WheelKit(Path(__file__).resolve().parent)
 
 
-#: whether the Ray this process has up is ``shared_ray``'s (and not a leftover of another file's)
-_SHARED_RAY = {"up": False}
-
-
 @pytest.fixture(scope="module")
 def shared_ray() -> Iterator[None]:
     """This test process's local Ray for the runs of the files that ask for it, on CPU only
@@ -198,10 +201,7 @@ def shared_ray() -> Iterator[None]:
 @pytest.fixture(scope="module", autouse=True)
 def _no_ray_left_up(request: pytest.FixtureRequest) -> None:
     """A file that does not ask for ``shared_ray`` starts with no Ray up in this process."""
-    if "ray" not in sys.modules:
-        return
-    mine = [i for i in request.session.items if i.path == request.path]
-    if any("shared_ray" in i.fixturenames for i in mine):
+    if "ray" not in sys.modules or request.path in _SHARED_RAY_FILES:
         return
     import ray
 

@@ -339,7 +339,7 @@ class _HealthProgress:
             self.stream.flush()
 
 
-def _teardown(args: ServeArgs, started_ray: bool, deployed: bool = True) -> None:
+def _teardown(args: ServeArgs, started_ray: bool, deployed: bool) -> None:
     """Delete the deployment (bounded), then stop the Ray instance this process started.
 
     Not ``deployed`` (refused before the deploy): another Serve's app of the same name is not
