@@ -6,7 +6,8 @@
 - :mod:`~genrm_serve.engines.hf.packing`: the packed prefill over a radix tree of prompts, and
   the static-cache attention of decoding;
 - :mod:`~genrm_serve.engines.hf.decode_step`: one decode step, replayed from a CUDA graph;
-- :mod:`~genrm_serve.engines.hf.sampling`: batched, per-row-seeded sampling on the device.
+- :mod:`~genrm_serve.engines.hf.sampling`: batched, per-row-seeded sampling on the device;
+- :mod:`~genrm_serve.engines.hf.snapshot`: where a CPU engine keeps updated weights asleep.
 
 Importing this package imports torch: ``genrm_serve.engines.make_engine`` imports it only when
 an hf engine is made.

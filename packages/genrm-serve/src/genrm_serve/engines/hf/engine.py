@@ -30,7 +30,8 @@ Sleep / wake: on CUDA the weights move into pinned host buffers allocated at the
 reused by every later one (``non_blocking`` copies, one synchronize, ``empty_cache``; see
 ``genrm_serve.engines.weights.HostOffloader``); on CPU the model object is dropped and reloaded
 on wake — from ``model_path``, or, after ``update_weights``, from a snapshot this engine saved when
-it went to sleep.
+it went to sleep (:mod:`genrm_serve.engines.hf.snapshot`, which also removes the snapshots of
+engines killed without their shutdown).
 
 Weights from a trainer arrive as a state dict (object store), as flat bf16 buckets shared through
 CUDA IPC by a trainer on the same GPU (:meth:`HFEngine.update_weights_from_ipc`), or broadcast per
@@ -43,8 +44,6 @@ import asyncio
 import gc
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -74,6 +73,7 @@ from genrm_serve.engines.hf.packing import (
     register_attention,
 )
 from genrm_serve.engines.hf.sampling import RowSampling, sample
+from genrm_serve.engines.hf.snapshot import WeightSnapshot, sweep_orphans
 from genrm_serve.engines.prompts import FALLBACK_CHAT_TEMPLATE, PromptEncoder
 from genrm_serve.engines.wake_check import WakeCheck, logprob_tolerance
 from genrm_serve.engines.weights import (
@@ -207,7 +207,7 @@ class HFEngine(Engine):
         self.adapter_dir: Path | None = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
-        self._snapshot_dir: Path | None = None
+        self._snapshot = WeightSnapshot()  # CPU sleep after update_weights saves here
         self._snapshot_version = 0
         self._eos_ids: frozenset[int] = frozenset()
         self._generator = torch.Generator(device="cpu")
@@ -261,6 +261,7 @@ class HFEngine(Engine):
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.wake_check.tolerance = logprob_tolerance(str(self.dtype))  # the logits' dtype
         if self.device.type == "cpu":
+            sweep_orphans()  # what engines killed without their shutdown left in the temp dir
             # Ray sets OMP_NUM_THREADS=1 in an actor with fractional CPUs, which would halve a
             # CPU engine on the 2-core machines; use the cores this process may run on instead.
             threads = int(os.environ.get("GENRM_HF_NUM_THREADS", "0")) or len(
@@ -440,9 +441,7 @@ class HFEngine(Engine):
                 self.timings["sleep_s"] = time.perf_counter() - t0
                 return
             if self.weight_version != self._snapshot_version:
-                if self._snapshot_dir is None:
-                    self._snapshot_dir = Path(tempfile.mkdtemp(prefix="genrm-hf-weights-"))
-                self.model.save_pretrained(self._snapshot_dir)
+                self.model.save_pretrained(self._snapshot.folder())
                 self._snapshot_version = self.weight_version
             self.model = None
             gc.collect()
@@ -466,7 +465,7 @@ class HFEngine(Engine):
                 self.timings["wake_s"] = time.perf_counter() - t0
                 return
             assert self.model_dir is not None
-            source = self._snapshot_dir if self.weight_version else self.model_dir
+            source = self._snapshot.path if self.weight_version else self.model_dir
             self.model = self._load_model(source)  # type: ignore[arg-type]
 
     def _check_update(self, version: int) -> None:
@@ -566,8 +565,7 @@ class HFEngine(Engine):
 
     async def shutdown(self) -> None:
         self.model = None
-        if self._snapshot_dir is not None:
-            shutil.rmtree(self._snapshot_dir, ignore_errors=True)
+        self._snapshot.remove()
         gc.collect()
 
     def stats(self) -> dict[str, Any]:
