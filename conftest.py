@@ -7,10 +7,11 @@ packages. torch is imported only when some collected test carries the marker: ge
 (and its wheel-isolation test) must not pay for, or depend on, torch.
 
 It also holds the one fixture that tests of several packages share, ``wheel_kit``, and the
-test process's one Ray for rl-core's end-to-end runs, ``shared_ray``: on the 2-core machine a
-local Ray's start costs a run about 10 s (and 9 s of CPU), the files that use it run one after
-another in a test process, and a run finds the Ray up and leaves it up, as under ``ray job
-submit``. Every other test file finds no Ray started before it.
+test process's one Ray, ``shared_ray``, for rl-core's end-to-end runs and the files that start
+Serve or engine actors: on the 2-core machine a local Ray's start costs a file about 10 s (and
+9 s of CPU), the files that use it run one after another in a test process, and a run finds the
+Ray up and leaves it up, as under ``ray job submit``. Every other test file finds no Ray
+started before it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,7 +188,9 @@ def shared_ray() -> Iterator[None]:
     CPU); kept up for the next such file, shut down before any other file and at the end.
 
     What a run's processes inherit is the environment of Ray's start, not of the test: a file
-    that sets a variable the run's actors read must not ask for it."""
+    that sets a variable the run's actors read must not ask for it. A file gives back every CPU
+    it took (its placement groups removed, its actors gone) before the next one starts, or its
+    last test errors naming what is still held."""
     import ray
 
     if not (_SHARED_RAY["up"] and ray.is_initialized()):
@@ -196,6 +200,23 @@ def shared_ray() -> Iterator[None]:
             ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
         _SHARED_RAY["up"] = True
     yield
+    if _SHARED_RAY["up"] and ray.is_initialized():  # not where the file shut it down itself
+        _everything_given_back(ray)
+
+
+def _everything_given_back(ray: Any, timeout_s: float = 30.0) -> None:
+    """Wait until the shared Ray has every CPU free again (Ray frees what it kills a moment
+    later); fail the file if it does not."""
+    total = ray.cluster_resources().get("CPU", 0.0)
+    deadline = time.monotonic() + timeout_s
+    while (free := ray.available_resources().get("CPU", 0.0)) < total:
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"the shared Ray: {total - free:g} of {total:g} CPUs still held {timeout_s:g} s "
+                "after the file's last test (an actor or placement group it did not end)",
+                pytrace=False,
+            )
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module", autouse=True)

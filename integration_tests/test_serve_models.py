@@ -14,7 +14,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,14 +35,11 @@ JUDGE = [
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    import ray
-    from ray import serve
-
+def service(tmp_path_factory: pytest.TempPathFactory, shared_ray: None) -> Iterator[str]:
     from genrm_serve.app import build_app, deploy, wait_until_healthy
     from genrm_serve.config import build_instances
     from genrm_serve.serve_args import ServeArgs
-    from genrm_serve.testing import build_tiny_model, require_embedded_model
+    from genrm_serve.testing import build_tiny_model, require_embedded_model, serve_proxy
 
     require_embedded_model()
     tiny = build_tiny_model(Path(tmp_path_factory.mktemp("tiny")) / "model")
@@ -64,19 +60,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             },
         }
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    args = ServeArgs(port=port, api_key=None, engine_num_cpus=0.5)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with serve_proxy() as port:
+        args = ServeArgs(port=port, api_key=None, engine_num_cpus=0.5)
         deploy(build_app(instances, args=args), args)
         wait_until_healthy(args, 600)  # a cold cache converts the Gemma GGUF once (~2 min)
         yield args.url
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def test_health_lists_both_model_instances(service: str) -> None:

@@ -1,4 +1,5 @@
-"""Shared fixtures of genrm-serve's tests: one local Ray + Serve per module, on a free port."""
+"""Shared fixtures of genrm-serve's tests: Serve per module, on a free port, on the test
+process's shared Ray."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from genrm_serve.testing import free_port, local_ray_serve, ray_test_env
+from genrm_serve.testing import free_port, ray_test_env, serve_proxy
 
 # Before any test module imports ray.
 ray_test_env()
@@ -19,7 +20,8 @@ def unused_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def serve_port() -> Iterator[int]:
-    """A fresh local Ray cluster with Serve's HTTP proxy on a free loopback port."""
-    with local_ray_serve(num_cpus=4) as port:
+def serve_port(shared_ray: None) -> Iterator[int]:
+    """Serve's HTTP proxy on a free loopback port, on the shared Ray; shut down after the file
+    (with every app the file deployed)."""
+    with serve_proxy() as port:
         yield port

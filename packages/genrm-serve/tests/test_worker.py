@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +29,6 @@ from genrm_serve.testing import build_tiny_model
 TIMEOUT = 60
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def _spec(script: dict[str, object], **engine_config: object) -> InstanceSpec:
     return InstanceSpec(
         route_key="judge",
@@ -58,7 +48,7 @@ async def _started(spec: InstanceSpec, index: int = 0, **kw: object) -> object:
     return handle
 
 
-async def test_concurrent_calls_are_batched_and_answered_in_order(ray_cluster: None) -> None:
+async def test_concurrent_calls_are_batched_and_answered_in_order(shared_ray: None) -> None:
     handle = await _started(_spec({"default": "{last_user}", "delay_s": 0.2}, max_batch_size=8))
     n = 24
     refs = [handle.generate.remote(_req(f"q{i}")) for i in range(n)]  # type: ignore[attr-defined]
@@ -78,7 +68,7 @@ async def test_concurrent_calls_are_batched_and_answered_in_order(ray_cluster: N
     ray.kill(handle)
 
 
-async def test_one_long_prompt_does_not_fail_its_batch(ray_cluster: None) -> None:
+async def test_one_long_prompt_does_not_fail_its_batch(shared_ray: None) -> None:
     handle = await _started(_spec({"delay_s": 0.05}, max_context_len=5))
     texts = ["short", "far too many words in this prompt here", "short too"]
     results = await asyncio.gather(
@@ -92,7 +82,7 @@ async def test_one_long_prompt_does_not_fail_its_batch(ray_cluster: None) -> Non
     ray.kill(handle)
 
 
-async def test_sleep_wake_health_and_failure_injection(ray_cluster: None) -> None:
+async def test_sleep_wake_health_and_failure_injection(shared_ray: None) -> None:
     handle = await _started(_spec({}))
     h: object = handle
     await asyncio.wait_for(h.check_health.remote(), TIMEOUT)  # type: ignore[attr-defined]
@@ -122,7 +112,7 @@ async def test_sleep_wake_health_and_failure_injection(ray_cluster: None) -> Non
     ray.kill(handle)
 
 
-async def test_worker_goes_into_the_given_bundle(ray_cluster: None) -> None:
+async def test_worker_goes_into_the_given_bundle(shared_ray: None) -> None:
     pg = placement_group([{"CPU": 0.2}, {"CPU": 0.3}], strategy="PACK")
     await asyncio.wait_for(pg.ready(), TIMEOUT)
     try:
@@ -175,7 +165,7 @@ async def test_in_process_worker_without_ray() -> None:
 
 
 async def test_hf_engine_in_an_actor_batches_real_forward_passes(
-    ray_cluster: None, tmp_path: Path
+    shared_ray: None, tmp_path: Path
 ) -> None:
     tiny = build_tiny_model(tmp_path / "tiny")
     spec = InstanceSpec(

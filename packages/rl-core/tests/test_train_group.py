@@ -9,7 +9,6 @@ greedily exactly as the trained model itself does.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,6 @@ from rl_core.distributed import TrainGroup, split_by_tokens
 from rl_core.placement.realize import create_placement_groups
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +89,7 @@ def test_split_by_tokens_balances_and_keeps_order() -> None:
 
 
 async def test_one_and_two_ranks_take_the_same_step(
-    local_ray: None, model: Path, tmp_path: Path
+    shared_ray: None, model: Path, tmp_path: Path
 ) -> None:
     items = _items(10)
     weights = {}
@@ -123,7 +113,7 @@ async def test_one_and_two_ranks_take_the_same_step(
 
 
 async def test_megatron_ranks_take_the_torch_step(
-    local_ray: None, model: Path, tmp_path: Path
+    shared_ray: None, model: Path, tmp_path: Path
 ) -> None:
     """``--train-backend megatron`` through the same group: 2 data-parallel ranks give the
     HF-named weights the torch backend's single rank gives (tensor parallelism is checked in
@@ -168,7 +158,7 @@ def _initial(model: Path) -> dict[str, torch.Tensor]:
 
 
 async def test_after_a_weight_sync_the_engine_continues_as_the_trained_model(
-    local_ray: None, model: Path
+    shared_ray: None, model: Path
 ) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -1,4 +1,5 @@
-"""One local Ray + Serve proxy per test module, on a free loopback port (never 8000)."""
+"""One Serve proxy per test module, on a free loopback port (never 8000), on the test process's
+shared Ray."""
 
 from __future__ import annotations
 
@@ -6,14 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from genrm_serve.testing import local_ray_serve, ray_test_env
+from genrm_serve.testing import ray_test_env, serve_proxy
 
 # Before any test module imports ray.
 ray_test_env()
 
 
 @pytest.fixture(scope="module")
-def serve_port() -> Iterator[int]:
-    """A fresh local Ray cluster with Serve's HTTP proxy on a free port; shut down after."""
-    with local_ray_serve(num_cpus=2) as port:
+def serve_port(shared_ray: None) -> Iterator[int]:
+    """Serve's HTTP proxy on a free port, on the shared Ray; Serve shut down after the file."""
+    with serve_proxy() as port:
         yield port

@@ -16,7 +16,13 @@ from genrm_serve.testing.models import (
     build_tiny_tokenizer,
     require_embedded_model,
 )
-from genrm_serve.testing.ray import free_port, lines_until, local_ray_serve, ray_test_env
+from genrm_serve.testing.ray import (
+    free_port,
+    lines_until,
+    local_ray_serve,
+    ray_test_env,
+    serve_proxy,
+)
 
 __all__ = [
     "TINY_CHAT_TEMPLATE",
@@ -30,4 +36,5 @@ __all__ = [
     "local_ray_serve",
     "ray_test_env",
     "require_embedded_model",
+    "serve_proxy",
 ]

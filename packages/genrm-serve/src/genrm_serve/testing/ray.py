@@ -15,7 +15,7 @@ from typing import IO
 
 from genrm_serve.ray_env import apply_ray_env_defaults
 
-__all__ = ["free_port", "lines_until", "local_ray_serve", "ray_test_env"]
+__all__ = ["free_port", "lines_until", "local_ray_serve", "ray_test_env", "serve_proxy"]
 
 
 def free_port() -> int:
@@ -54,14 +54,25 @@ def local_ray_serve(num_cpus: int, port: int | None = None) -> Iterator[int]:
     """
     ray_test_env()
     import ray
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        with serve_proxy(port) as bound:
+            yield bound
+    finally:
+        ray.shutdown()
+
+
+@contextmanager
+def serve_proxy(port: int | None = None) -> Iterator[int]:
+    """Serve's HTTP proxy on the Ray this process has up, on ``port`` (a free one when
+    ``None``); Serve, with every app deployed on it, shut down on exit, and Ray left up."""
     from ray import serve
 
     from genrm_serve.app import start_proxy
 
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     try:
         # a free port is chosen after Ray's own processes are up, and replaced if lost
         yield start_proxy("127.0.0.1", port)
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]
-        ray.shutdown()
