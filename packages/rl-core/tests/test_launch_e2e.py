@@ -3,9 +3,12 @@ behind real Ray Serve + HTTP), genrm-serve's hf engine as the rollout engine (ti
 dapo-genrm rewards, GRPO steps, evaluation, checkpoint, metrics and plots."""
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from genrm_serve.engines.hf.snapshot import PREFIX as SNAPSHOT_PREFIX
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.launch import run_training
@@ -13,6 +16,11 @@ from rl_core.layout import layout_problems
 from rl_core.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
+
+
+def _snapshots_of(pid: int) -> list[str]:
+    """The weight snapshots an engine process left in this host's temp dir."""
+    return [p.name for p in Path(tempfile.gettempdir()).glob(f"{SNAPSHOT_PREFIX}*-{pid}-*")]
 
 
 async def test_train_two_steps_from_flags(tmp_path, monkeypatch, shared_ray):
@@ -106,3 +114,7 @@ async def test_train_two_steps_from_flags(tmp_path, monkeypatch, shared_ray):
     layout = json.loads((tmp_path / "run" / "layout.json").read_text())
     assert layout_problems(layout) == []
     assert {a["role"] for a in layout["actors"]} == {"actor", "rollout", "genrm:__default__"}
+    # the rollout engine slept on updated weights (a snapshot in the temp dir): the removal
+    # of its placement group ends its process, and the snapshot with it
+    (rollout_pid,) = [a["pid"] for a in layout["actors"] if a["role"] == "rollout"]
+    assert _snapshots_of(rollout_pid) == []

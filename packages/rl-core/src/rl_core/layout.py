@@ -162,6 +162,7 @@ async def read_layout(
                 **entry,
                 "actor_id": actor_id,
                 "node_id": report.get("node_id"),
+                "pid": report.get("pid"),
                 "placement_group_id": report.get("placement_group_id"),
                 "assigned_resources": report.get("assigned_resources", {}),
                 "gpu_ids": [str(g) for g in report.get("gpu_ids", [])],

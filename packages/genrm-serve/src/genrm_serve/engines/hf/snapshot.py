@@ -4,12 +4,12 @@ On CPU, sleeping drops the model to give its memory to the trainer; weights a tr
 since the load exist nowhere else, so they are saved first (``save_pretrained``, 512 MB for the
 embedded model in fp32) and read back at wake.
 
-The folder outlives a process killed without its shutdown: a run's teardown removes its
-placement groups, which kills the engine actors in them (SIGKILL, no ``atexit``). Each run would
-leave one copy per CPU engine in the temp dir. So the folder is named for the host and process
-that own it, and every engine that starts removes the folders of this host's processes that are
-gone. The host is in the name because a temp dir may be shared by machines (or containers)
-whose process ids mean different processes.
+The folder goes with the engine's ``shutdown`` or its process's exit (``atexit``: the end of a
+run's placement groups ends their actors that way), but not with a process killed outright
+(``ray.kill``, the OOM killer, a lost node). Those left one copy per CPU engine in the temp dir,
+so the folder is named for the host and process that own it, and every engine that starts
+removes the folders of this host's processes that are gone. The host is in the name because a
+temp dir may be shared by machines (or containers) whose process ids mean different processes.
 """
 
 from __future__ import annotations
