@@ -43,3 +43,8 @@ if [ "$flavour" = gpu ]; then
 else
   "${UV[@]}" sync --frozen --compile-bytecode "$@"
 fi
+# The workspace's own packages are installed editable, so their modules are imported from
+# packages/*/src, which the sync does not compile: compiled here too (under a second; about
+# 0.1 s of CPU saved in each process that imports rl-core and genrm-serve, a few hundred per
+# test run). A stale file is recompiled by Python, as always.
+"${UV[@]}" run --frozen --no-sync python -m compileall -q packages/*/src >/dev/null
