@@ -92,8 +92,18 @@ async def _kill_a_rank(
     if latest.read_text().strip() == f"step_{STEPS:06d}":
         return
     (name,) = [n for n in ray.util.list_named_actors() if n.endswith(":actor-1")]
+    layout = save.parent / "run" / "layout.json"  # the attempt's actors, as the kill finds them
+    (save.parent / "layout-at-kill.json").write_text(layout.read_text())
     ray.kill(ray.get_actor(name))
     killed.append(name)
+
+
+def _actor_ids(layout: Path) -> dict[str, set[str]]:
+    """The actors of a run's layout record, by role."""
+    ids: dict[str, set[str]] = {}
+    for actor in json.loads(layout.read_text())["actors"]:
+        ids.setdefault(actor["role"], set()).add(actor["actor_id"])
+    return ids
 
 
 def _weights(run: Path) -> dict[str, Any]:
@@ -182,6 +192,12 @@ async def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(
     assert len(restarts) == 1, said
     assert restarts[0].startswith("lost trainer rank actor-1 (pid ")
     assert "ray.kill" in restarts[0] and restarts[0].endswith("restart 1 of --max-restarts 3")
+    assert any(m.startswith("restart 1 in place: ") for m in said), said
+    # in place: the judge engine (and the service in front of it) is the one the kill found;
+    # the trainer ranks and the rollout engine are new
+    before, after = _actor_ids(run / "layout-at-kill.json"), _actor_ids(run / "run" / "layout.json")
+    assert after["genrm:__default__"] == before["genrm:__default__"]
+    assert not after["actor"] & before["actor"] and not after["rollout"] & before["rollout"]
     records = _check_as_undisturbed(run, undisturbed)
     # the first step recorded after the restart says what was lost and from where it went on
     (told,) = [r for r in records if "run/restarted_from_step" in r]

@@ -199,6 +199,10 @@ class RecoverableEngine:
     async def info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         return dict(await self._do(lambda e: e.info(timeout_s=timeout_s)))
 
+    async def kill(self) -> None:
+        """End the engine for good (nothing re-created): a restart in place replaces it."""
+        await self.engine.kill()
+
 
 def node_lost(cause: BaseException) -> bool:
     """Whether Ray's error for a gone actor says its node is gone, or cannot be reached (Ray

@@ -25,12 +25,12 @@ from genrm_serve import RemoteEngine, apply_ray_env_defaults, resolve_model_path
 from rl_core.checkpoints import Checkpointer
 from rl_core.config import TrainConfig
 from rl_core.data import PromptDataset, load_prompt_data, write_prompt_data
-from rl_core.engine_recovery import RecoverableEngine
+from rl_core.engine_recovery import RecoverableEngine, node_lost
 from rl_core.evaluation import Evaluation
 from rl_core.generated import GENERATED_SETS
 from rl_core.layout import read_layout, write_layout
 from rl_core.limits import FAILED_STEP_PROBE_S, PLACEMENT_TIMEOUT_S
-from rl_core.lost import ProcessLostError, find_lost_actor, lost_actor_error
+from rl_core.lost import ProcessLostError, find_lost_actor, lost_actor_error, lost_trainer_rank
 from rl_core.metrics import (
     GpuMemoryProbe,
     MetricsWriter,
@@ -42,7 +42,14 @@ from rl_core.metrics import (
 from rl_core.placement import PlacementUnavailableError, render_plan
 from rl_core.restarts import Restart, RunLostError, decide_restart, restarted_config
 from rl_core.rewards import reward_setup
-from rl_core.services import connect_ray, place, start_services, start_weight_sync
+from rl_core.services import (
+    JudgeService,
+    Services,
+    connect_ray,
+    place,
+    start_services,
+    start_weight_sync,
+)
 from rl_core.specs import resolve_rollout_engine, rollout_seeded
 from rl_core.stopping import StopRequest
 from rl_core.terminal import make_console
@@ -124,8 +131,10 @@ async def run_training(
     saved; the status is then ``stop.exit_code`` and ``stop_report`` says what was saved.
 
     A lost trainer rank (or another process that cannot be re-created in place) restarts the
-    run from its last checkpoint, up to ``--max-restarts`` times (``rl_core.restarts``): what
-    the run stands on is torn down and built again on the same Ray. Without a restart left,
+    run from its last checkpoint, up to ``--max-restarts`` times (``rl_core.restarts``): in
+    place where only trainer ranks were lost and the placement groups are intact (the judge
+    service kept, :func:`_train_once`), else with what the run stands on torn down and built
+    again on the same Ray. Without a restart left,
     :class:`~rl_core.restarts.RunLostError` (raised from Ray's error) says why.
 
     With ``--use-wandb`` the W&B run starts first (a refused start costs no Ray start-up) and
@@ -167,6 +176,8 @@ async def _run_training(
                     attempt, rollout_engine, run_dir, record, console, clock, startup, stop, mirror
                 )
                 break
+            except RunLostError:
+                raise  # decided inside (a restart in place that could not go on)
             except PlacementUnavailableError as err:
                 if record.lost is None:
                     raise
@@ -174,15 +185,7 @@ async def _run_training(
                 # good): the run ends on the process it lost, with the command that resumes
                 raise RunLostError(f"no restart: {err}") from record.lost
             except Exception as err:
-                stopping = stop is not None and stop.requested
-                decided = decide_restart(cfg, err, len(record.restarts), stopping=stopping)
-                if decided is None:
-                    raise
-                if isinstance(decided, str):
-                    raise RunLostError(decided) from err
-                logger.warning("%s", decided.line(cfg.max_restarts))
-                record.restart(decided, err)
-                attempt = restarted_config(cfg, decided)
+                attempt = restarted_config(cfg, _restart_or_raise(cfg, err, record, stop))
     if trainer.stop_report is not None and stop is not None:
         stop.report = trainer.stop_report
         return stop.exit_code
@@ -218,6 +221,22 @@ async def _run_training(
     return 0
 
 
+def _restart_or_raise(
+    cfg: TrainConfig, err: Exception, record: RunRecord, stop: StopRequest | None
+) -> Restart:
+    """The restart ``err`` (a lost process) calls for, recorded; else ``err`` raised again, or
+    :class:`RunLostError` saying why the lost process ends the run (``rl_core.restarts``)."""
+    stopping = stop is not None and stop.requested
+    decided = decide_restart(cfg, err, len(record.restarts), stopping=stopping)
+    if decided is None:
+        raise err
+    if isinstance(decided, str):
+        raise RunLostError(decided) from err
+    logger.warning("%s", decided.line(cfg.max_restarts))
+    record.restart(decided, err)
+    return decided
+
+
 async def _train_once(
     cfg: TrainConfig,
     rollout_engine: str,
@@ -230,7 +249,11 @@ async def _train_once(
     mirror: WandbMirror | None = None,
 ) -> tuple[GRPOTrainer, Any]:
     """One go of the run on the Ray that is up: placement groups, services, the loop; all of
-    it torn down when it ends, however it ends (a restart builds it again)."""
+    it torn down when it ends, however it ends (a restart builds it again).
+
+    A lost trainer rank whose placement groups are intact (its node is up) restarts the run in
+    place: the trainer ranks and rollout engines are ended and re-created in their bundles, and
+    the placement groups and the judge service, with its judges' loaded models, are kept."""
     async with AsyncExitStack() as stack:
         with clock.timed("ray", startup):  # the placement groups (a restart's too)
             realized = await place(
@@ -242,88 +265,148 @@ async def _train_once(
             record.use_gpus = realized.use_gpus
         with clock.timed("models", startup):
             policy_path = await asyncio.to_thread(resolve_model, cfg.hf_checkpoint)
-        services = await start_services(
-            cfg, realized, policy_path, rollout_engine, stack, console, clock, startup
-        )
-        learner = services.groups["actor"]
-        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
-        weight_sync = await start_weight_sync(
-            cfg, realized, rollout_engine, services, console, clock, startup
-        )
-        layout = await read_layout(
-            realized, services.groups, services.engines, services.judge_engines
-        )
-        await asyncio.to_thread(write_layout, run_dir, layout)
-
-        seeded = rollout_seeded(cfg, rollout_engine)
-        if not seeded:
-            console.print(
-                "[bold]rollout sampling[/]: not seeded (SGLang honours a seed only with "
-                "--sglang-enable-deterministic-inference)"
-            )
-        every_engine: list[RemoteEngine | RecoverableEngine] = [*services.engines]
-        every_engine += [e for v in services.judge_engines.values() for e in v]
-        rewards = reward_setup(cfg, judge=services.judge)
-        train_data = load_data(cfg.prompt_data, cfg, run_dir, eval_set=False)
-        eval_data = (
-            load_data(cfg.eval_prompt_data, cfg, run_dir, eval_set=True)
-            if cfg.eval_prompt_data
-            else None
-        )
-        evaluation = Evaluation(cfg, eval_data)
-        evaluation.history = record.evals  # one record of the run's evaluations, over restarts
-        metrics = MetricsWriter(run_dir, mirror=mirror)
-        stack.callback(metrics.close)  # TensorBoard's file closed however this ends
-        trainer = GRPOTrainer(
-            cfg,
-            seeded=seeded,
-            learner=learner,
-            tokenizer=tokenizer,
-            rollout_engines=services.engines,
-            phases=services.phases,
-            rewards=rewards,
-            train_data=train_data,
-            evaluation=evaluation,
-            checkpoints=Checkpointer(cfg, learner),
-            stop=stop,
-            reference=services.groups.get("reference"),
-            actor_fwd=services.groups.get("actor_fwd"),
-            overlap=cfg.plan.phases_overlap,
-            metrics=metrics,
-            clock=clock,
-            weight_sync=weight_sync,
-            memory_probe=GpuMemoryProbe(learner, every_engine) if realized.use_gpus else None,
-            restarts=record.restarts,
-        )
-        trainer.history = record.history  # the same: a restart keeps the steps it does not redo
-        if weight_sync.path == "object_store" and not cfg.plan.phases_overlap:
-            # a rollout engine whose actor dies is re-created with rank 0's weights (not in
-            # fully-async: rank 0 trains meanwhile, its weights are not the engine's version)
-            for engine in services.engines:
-                engine.weights = learner.export_weights
-        if stop is not None:
-            stack.callback(stop.abrupt)  # a run that fails unwinds without waiting for a step
-        try:
-            await trainer.run()
-        except Exception as err:
-            await _raise_a_lost_process(err, learner, services.engines)
-            raise
-    return trainer, learner
+        judge: JudgeService | None = None
+        while True:
+            async with AsyncExitStack() as attempt:
+                services = await start_services(
+                    cfg,
+                    realized,
+                    policy_path,
+                    rollout_engine,
+                    attempt,
+                    console,
+                    clock,
+                    startup,
+                    judge=judge,
+                    judge_stack=stack,
+                )
+                judge = services.judge_service
+                trainer = await _trainer_on(
+                    cfg, realized, rollout_engine, policy_path, services, run_dir, record,
+                    console, clock, startup, stop, mirror, attempt,
+                )  # fmt: skip
+                try:
+                    await trainer.run()
+                    return trainer, services.groups["actor"]
+                except Exception as err:
+                    lost = await _as_lost_process(err, services)
+                    if not await _restarts_in_place(lost, realized):
+                        raise lost  # noqa: B904 - its own cause kept (Ray's error for the process)
+                    restart = _restart_or_raise(cfg, lost, record, stop)
+                    logger.warning(
+                        "restart %d in place: the placement groups and the judge service stay; "
+                        "the trainer ranks and rollout engines are re-created in their bundles",
+                        restart.number,
+                    )
+                    if judge is not None:  # asleep or awake, as the lost step left them
+                        judge.states = {w: services.phases.states[w] for w in judge.sleepers}
+                    await services.end_trainer_and_rollout()
+                    cfg = restarted_config(cfg, restart)
 
 
-async def _raise_a_lost_process(err: Exception, learner: Any, engines: list[Any]) -> None:
-    """A step that failed for a reason of its own (its judge failures, a deadline) may have
-    lost a process behind it (a node gone takes the judge engine's answers first): asked, a
-    trainer rank or rollout engine that is gone makes it a lost process, which restarts the
-    run (``rl_core.restarts``) instead of ending it."""
+async def _trainer_on(
+    cfg: TrainConfig,
+    realized: Any,
+    rollout_engine: str,
+    policy_path: str,
+    services: Services,
+    run_dir: Path,
+    record: RunRecord,
+    console: Console,
+    clock: PhaseClock,
+    startup: PhaseTimes,
+    stop: StopRequest | None,
+    mirror: WandbMirror | None,
+    stack: AsyncExitStack,
+) -> GRPOTrainer:
+    """The GRPO trainer on the started services: weight sync, layout record, rewards, data,
+    evaluation, metrics and checkpoints; what it opens is closed by ``stack``."""
+    learner = services.groups["actor"]
+    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
+    weight_sync = await start_weight_sync(
+        cfg, realized, rollout_engine, services, console, clock, startup
+    )
+    layout = await read_layout(realized, services.groups, services.engines, services.judge_engines)
+    await asyncio.to_thread(write_layout, run_dir, layout)
+
+    seeded = rollout_seeded(cfg, rollout_engine)
+    if not seeded:
+        console.print(
+            "[bold]rollout sampling[/]: not seeded (SGLang honours a seed only with "
+            "--sglang-enable-deterministic-inference)"
+        )
+    every_engine: list[RemoteEngine | RecoverableEngine] = [*services.engines]
+    every_engine += [e for v in services.judge_engines.values() for e in v]
+    rewards = reward_setup(cfg, judge=services.judge)
+    train_data = load_data(cfg.prompt_data, cfg, run_dir, eval_set=False)
+    eval_data = (
+        load_data(cfg.eval_prompt_data, cfg, run_dir, eval_set=True)
+        if cfg.eval_prompt_data
+        else None
+    )
+    evaluation = Evaluation(cfg, eval_data)
+    evaluation.history = record.evals  # one record of the run's evaluations, over restarts
+    metrics = MetricsWriter(run_dir, mirror=mirror)
+    stack.callback(metrics.close)  # TensorBoard's file closed however this ends
+    trainer = GRPOTrainer(
+        cfg,
+        seeded=seeded,
+        learner=learner,
+        tokenizer=tokenizer,
+        rollout_engines=services.engines,
+        phases=services.phases,
+        rewards=rewards,
+        train_data=train_data,
+        evaluation=evaluation,
+        checkpoints=Checkpointer(cfg, learner),
+        stop=stop,
+        reference=services.groups.get("reference"),
+        actor_fwd=services.groups.get("actor_fwd"),
+        overlap=cfg.plan.phases_overlap,
+        metrics=metrics,
+        clock=clock,
+        weight_sync=weight_sync,
+        memory_probe=GpuMemoryProbe(learner, every_engine) if realized.use_gpus else None,
+        restarts=record.restarts,
+    )
+    trainer.history = record.history  # the same: a restart keeps the steps it does not redo
+    if weight_sync.path == "object_store" and not cfg.plan.phases_overlap:
+        # a rollout engine whose actor dies is re-created with rank 0's weights (not in
+        # fully-async: rank 0 trains meanwhile, its weights are not the engine's version)
+        for engine in services.engines:
+            engine.weights = learner.export_weights
+    if stop is not None:
+        stack.callback(stop.abrupt)  # a run that fails unwinds without waiting for a step
+    return trainer
+
+
+async def _as_lost_process(err: Exception, services: Services) -> Exception:
+    """``err``, or the lost process behind it: a step that failed for a reason of its own
+    (its judge failures, a deadline) may have lost a process behind it (a node gone takes the
+    judge engine's answers first). Asked, a trainer rank or rollout engine that is gone makes
+    it a lost process, which restarts the run (``rl_core.restarts``) instead of ending it."""
     if lost_actor_error(err) is not None or isinstance(err, PlacementUnavailableError):
-        return
+        return err
+    learner = services.groups["actor"]
     actors = [(("trainer rank", f"actor-{r}"), w) for r, w in enumerate(learner.workers)]
-    actors += [(("engine", e.name), e.handle) for e in engines]
+    actors += [(("engine", e.name), e.handle) for e in services.engines]
     lost = await find_lost_actor(actors, FAILED_STEP_PROBE_S)
-    if lost is not None:
-        (what, name), ray_err = lost
-        raise ProcessLostError(f"{type(err).__name__}: {err}", what, name) from ray_err
+    if lost is None:
+        return err
+    (what, name), ray_err = lost
+    found = ProcessLostError(f"{type(err).__name__}: {err}", what, name)
+    found.__cause__ = ray_err
+    return found
+
+
+async def _restarts_in_place(err: Exception, realized: Any) -> bool:
+    """Whether ``err`` is a lost trainer rank whose bundles are all still there (its node up,
+    every placement group created): its restart re-creates the trainer and rollout engines
+    there and keeps the judge service."""
+    ray_err = lost_actor_error(err)
+    if ray_err is None or node_lost(ray_err) or not lost_trainer_rank(err):
+        return False
+    return bool(await asyncio.to_thread(realized.intact))
 
 
 def run_notes(cfg: TrainConfig) -> list[str]:

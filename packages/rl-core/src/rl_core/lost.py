@@ -22,6 +22,7 @@ __all__ = [
     "lost_actor_error",
     "lost_process_line",
     "lost_process_what",
+    "lost_trainer_rank",
     "resume_command",
 ]
 
@@ -156,6 +157,12 @@ def lost_process_what(err: BaseException, within: BaseException | None = None) -
     if len(cause) > _CAUSE_CHARS:
         cause = cause[: _CAUSE_CHARS - 3] + "..."
     return f"lost {what} {name or 'a Ray actor'}" + (f" ({where})" if where else "") + f": {cause}"
+
+
+def lost_trainer_rank(err: BaseException) -> bool:
+    """Whether ``err`` (a run's error) is the loss of a trainer rank."""
+    ray_err = lost_actor_error(err)
+    return ray_err is not None and lost_process_what(ray_err, err).startswith("lost trainer rank ")
 
 
 def lost_process_line(

@@ -18,7 +18,7 @@ import threading
 import uuid
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -58,7 +58,14 @@ from rl_core.limits import (
 )
 from rl_core.metrics import PhaseClock, PhaseTimes
 from rl_core.participants import judge_id
-from rl_core.phases import CallbackSleeper, GroupSleeper, PhaseMachine, Sleeper, phases_from_plan
+from rl_core.phases import (
+    CallbackSleeper,
+    GroupSleeper,
+    PhaseMachine,
+    Sleeper,
+    State,
+    phases_from_plan,
+)
 from rl_core.placement import PlacementPlan, PlacementUnavailableError
 from rl_core.placement.realize import (
     RealizedPlacement,
@@ -429,15 +436,42 @@ async def place(
 
 
 @dataclass
+class JudgeService:
+    """The run's judge service as the run holds it: its URL and client, its engines (in the
+    plan's bundles) and their sleepers. A restart in place keeps it (``rl_core.launch``), with
+    the judges' phase states at the loss (asleep, in colocate's train phase)."""
+
+    url: str
+    client: AsyncGenRMClient
+    engines: dict[str, list[RemoteEngine]]
+    sleepers: dict[str, Sleeper]
+    states: dict[str, State] = field(default_factory=dict)
+
+
+@dataclass
 class Services:
     """What the GRPO loop runs on: the engines, the trainer groups, the phase machine and the
-    client of the judge service (None without one)."""
+    judge service (None without one)."""
 
     engines: list[RecoverableEngine]
-    judge_engines: dict[str, list[RemoteEngine]]
     groups: dict[str, Any]
     phases: PhaseMachine
-    judge: AsyncGenRMClient | None = None
+    judge_service: JudgeService | None = None
+
+    @property
+    def judge(self) -> AsyncGenRMClient | None:
+        return self.judge_service.client if self.judge_service is not None else None
+
+    @property
+    def judge_engines(self) -> dict[str, list[RemoteEngine]]:
+        return self.judge_service.engines if self.judge_service is not None else {}
+
+    async def end_trainer_and_rollout(self) -> None:
+        """End the trainer ranks and the rollout engines (a restart in place re-creates them in
+        their bundles; the judge service and the placement groups stay)."""
+        await asyncio.gather(
+            *(g.kill() for g in self.groups.values()), *(e.kill() for e in self.engines)
+        )
 
 
 def loads_user_code(cfg: TrainConfig) -> bool:
@@ -472,6 +506,8 @@ async def start_services(
     startup: PhaseTimes,
     *,
     trainer: bool = True,
+    judge: JudgeService | None = None,
+    judge_stack: AsyncExitStack | None = None,
 ) -> Services:
     """Engines first, then the trainer: on a shared GPU each role loads within its share. What
     sits on disjoint GPUs starts at the same time (a start is mostly waiting on processes,
@@ -479,15 +515,19 @@ async def start_services(
 
     ``trainer=False`` (``rl-core eval``): the engines and judges of the plan, in its bundles,
     and no trainer groups (``Services.groups`` is empty, the phases have no ``actor``).
+
+    ``judge``: the judge service of this run's attempt before a restart in place, used as it
+    is; else one is started (with the plan's judges), torn down by ``judge_stack`` (``stack``
+    when not given) however the run ends.
     """
     plan = cfg.plan
     prefix = f"rl-core-{uuid.uuid4().hex[:6]}:"
     instances = judge_specs(cfg) if cfg.genrm_enabled else {}
     rollout = rollout_spec(cfg, policy_path, rollout_engine)
     steps: StartSteps = {"rollout_engines": start_rollout_engines(realized, rollout, prefix)}
-    if instances:
+    if instances and judge is None:
         steps["judge_service"] = start_judge_service(
-            realized, instances, stack, cfg.genrm_port, name_prefix=prefix
+            realized, instances, judge_stack or stack, cfg.genrm_port, name_prefix=prefix
         )
     if trainer and plan.phases_overlap:  # fully-async: the trainer's GPUs are its own
         steps["trainer"] = start_trainer_groups(cfg, realized, policy_path, prefix)
@@ -497,21 +537,24 @@ async def start_services(
         started = await start_together(steps, clock, startup)
     engines: list[RecoverableEngine] = started["rollout_engines"]
 
-    participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
-    judge_engines: dict[str, list[RemoteEngine]] = {}
-    judge = None
-    if instances:
+    if instances and judge is None:
         url, judge_actors = started["judge_service"]
-        judge = await _use_judge_service(cfg, url, stack, console)
-        participants.update({judge_id(k): JudgeSleeper(url, k) for k in instances})
-        judge_engines = {
-            key: [engine_actor(a, engine_id_for(key, i)) for i, a in enumerate(actors)]
-            for key, actors in judge_actors.items()
-        }
-
-    phases = PhaseMachine(phases_from_plan(plan), participants)
+        judge = JudgeService(
+            url=url,
+            client=await _use_judge_service(cfg, url, judge_stack or stack, console),
+            engines={
+                key: [engine_actor(a, engine_id_for(key, i)) for i, a in enumerate(actors)]
+                for key, actors in judge_actors.items()
+            },
+            sleepers={judge_id(k): JudgeSleeper(url, k) for k in instances},
+        )
+    participants: dict[str, Sleeper] = {"rollout": GroupSleeper(engines)}
+    if judge is not None:
+        participants.update(judge.sleepers)
+    states = dict(judge.states) if judge is not None else {}
+    phases = PhaseMachine(phases_from_plan(plan), participants, states=states)
     if not trainer:
-        return Services(engines, judge_engines, {}, phases, judge)
+        return Services(engines, {}, phases, judge)
     if plan.phases_overlap:
         groups = started["trainer"]
     else:
@@ -523,7 +566,7 @@ async def start_services(
             groups = await start_trainer_groups(cfg, realized, policy_path, prefix)
     learner = groups["actor"]
     phases.add("actor", CallbackSleeper(learner.offload, learner.onload))
-    return Services(engines, judge_engines, groups, phases, judge)
+    return Services(engines, groups, phases, judge)
 
 
 async def start_weight_sync(

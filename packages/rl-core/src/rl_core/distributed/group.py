@@ -14,6 +14,7 @@ the start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -282,6 +283,18 @@ class _RayGroup:
         await self._all("shutdown")
         for w in self.workers:
             ray.kill(w)
+
+    async def kill(self) -> None:
+        """End every rank at once, the living with the lost (their process group is broken):
+        their bundles are free for the ranks that replace them."""
+        import ray
+
+        def kill_all() -> None:
+            for w in self.workers:
+                with contextlib.suppress(Exception):  # already gone
+                    ray.kill(w, no_restart=True)
+
+        await asyncio.to_thread(kill_all)  # GCS calls
 
 
 class TrainGroup(_RayGroup, _StepwiseLearner):

@@ -112,6 +112,16 @@ class RealizedPlacement:
         """Every GPU the engine drives, in order (its actor itself sees only the first)."""
         return tuple(g for s in self.engine_slots(engine) for g in s.gpu_ids)
 
+    def intact(self) -> bool:
+        """Whether every placement group still holds all its bundles (``CREATED``: none lost
+        with a node, none being rescheduled); a GCS call each."""
+        from ray.util.placement_group import placement_group_table
+
+        return all(
+            placement_group_table(pg).get("state") == "CREATED"
+            for pg in self.placement_groups.values()
+        )
+
     def remove(self) -> None:
         """Remove the placement groups (actors still inside them are killed by Ray)."""
         if self._removed:
