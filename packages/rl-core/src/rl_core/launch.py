@@ -121,6 +121,22 @@ class RunRecord:
         self.restarts.append(restart)
 
 
+@dataclass
+class _Run:
+    """What every attempt of a run shares: the rollout engine, where the run writes and its
+    record over restarts, its console, clock and start-up times, the stop request and the W&B
+    mirror."""
+
+    rollout_engine: str
+    run_dir: Path
+    record: RunRecord
+    console: Console
+    clock: PhaseClock
+    startup: PhaseTimes
+    stop: StopRequest | None
+    mirror: WandbMirror | None
+
+
 async def run_training(
     cfg: TrainConfig, console: Console | None = None, stop: StopRequest | None = None
 ) -> int:
@@ -165,6 +181,7 @@ async def _run_training(
     console.print(render_plan(cfg.plan))
     rollout_engine = resolve_rollout_engine(cfg)  # refused here, before anything starts
     record = RunRecord()
+    run = _Run(rollout_engine, run_dir, record, console, clock, startup, stop, mirror)
 
     async with AsyncExitStack() as ray_stack:
         with clock.timed("ray", startup):
@@ -172,9 +189,7 @@ async def _run_training(
         attempt = cfg
         while True:
             try:
-                trainer, learner = await _train_once(
-                    attempt, rollout_engine, run_dir, record, console, clock, startup, stop, mirror
-                )
+                trainer, learner = await _train_once(attempt, run)
                 break
             except RunLostError:
                 raise  # decided inside (a restart in place that could not go on)
@@ -237,17 +252,7 @@ def _restart_or_raise(
     return decided
 
 
-async def _train_once(
-    cfg: TrainConfig,
-    rollout_engine: str,
-    run_dir: Path,
-    record: RunRecord,
-    console: Console,
-    clock: PhaseClock,
-    startup: PhaseTimes,
-    stop: StopRequest | None,
-    mirror: WandbMirror | None = None,
-) -> tuple[GRPOTrainer, Any]:
+async def _train_once(cfg: TrainConfig, run: _Run) -> tuple[GRPOTrainer, Any]:
     """One go of the run on the Ray that is up: placement groups, services, the loop; all of
     it torn down when it ends, however it ends (a restart builds it again).
 
@@ -255,15 +260,15 @@ async def _train_once(
     place: the trainer ranks and rollout engines are ended and re-created in their bundles, and
     the placement groups and the judge service, with its judges' loaded models, are kept."""
     async with AsyncExitStack() as stack:
-        with clock.timed("ray", startup):  # the placement groups (a restart's too)
+        with run.clock.timed("ray", run.startup):  # the placement groups (a restart's too)
             realized = await place(
                 cfg.plan,
                 stack,
-                use_gpus=record.use_gpus,
-                timeout_s=cfg.restart_wait_s if record.restarts else PLACEMENT_TIMEOUT_S,
+                use_gpus=run.record.use_gpus,
+                timeout_s=cfg.restart_wait_s if run.record.restarts else PLACEMENT_TIMEOUT_S,
             )
-            record.use_gpus = realized.use_gpus
-        with clock.timed("models", startup):
+            run.record.use_gpus = realized.use_gpus
+        with run.clock.timed("models", run.startup):
             policy_path = await asyncio.to_thread(resolve_model, cfg.hf_checkpoint)
         judge: JudgeService | None = None
         while True:
@@ -272,19 +277,16 @@ async def _train_once(
                     cfg,
                     realized,
                     policy_path,
-                    rollout_engine,
+                    run.rollout_engine,
                     attempt,
-                    console,
-                    clock,
-                    startup,
+                    run.console,
+                    run.clock,
+                    run.startup,
                     judge=judge,
                     judge_stack=stack,
                 )
                 judge = services.judge_service
-                trainer = await _trainer_on(
-                    cfg, realized, rollout_engine, policy_path, services, run_dir, record,
-                    console, clock, startup, stop, mirror, attempt,
-                )  # fmt: skip
+                trainer = await _trainer_on(cfg, run, realized, policy_path, services, attempt)
                 try:
                     await trainer.run()
                     return trainer, services.groups["actor"]
@@ -292,7 +294,7 @@ async def _train_once(
                     lost = await _as_lost_process(err, services)
                     if not await _restarts_in_place(lost, realized):
                         raise lost  # noqa: B904 - its own cause kept (Ray's error for the process)
-                    restart = _restart_or_raise(cfg, lost, record, stop)
+                    restart = _restart_or_raise(cfg, lost, run.record, run.stop)
                     logger.warning(
                         "restart %d in place: the placement groups and the judge service stay; "
                         "the trainer ranks and rollout engines are re-created in their bundles",
@@ -306,17 +308,10 @@ async def _train_once(
 
 async def _trainer_on(
     cfg: TrainConfig,
+    run: _Run,
     realized: Any,
-    rollout_engine: str,
     policy_path: str,
     services: Services,
-    run_dir: Path,
-    record: RunRecord,
-    console: Console,
-    clock: PhaseClock,
-    startup: PhaseTimes,
-    stop: StopRequest | None,
-    mirror: WandbMirror | None,
     stack: AsyncExitStack,
 ) -> GRPOTrainer:
     """The GRPO trainer on the started services: weight sync, layout record, rewards, data,
@@ -324,29 +319,29 @@ async def _trainer_on(
     learner = services.groups["actor"]
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, policy_path)
     weight_sync = await start_weight_sync(
-        cfg, realized, rollout_engine, services, console, clock, startup
+        cfg, realized, run.rollout_engine, services, run.console, run.clock, run.startup
     )
     layout = await read_layout(realized, services.groups, services.engines, services.judge_engines)
-    await asyncio.to_thread(write_layout, run_dir, layout)
+    await asyncio.to_thread(write_layout, run.run_dir, layout)
 
-    seeded = rollout_seeded(cfg, rollout_engine)
+    seeded = rollout_seeded(cfg, run.rollout_engine)
     if not seeded:
-        console.print(
+        run.console.print(
             "[bold]rollout sampling[/]: not seeded (SGLang honours a seed only with "
             "--sglang-enable-deterministic-inference)"
         )
     every_engine: list[RemoteEngine | RecoverableEngine] = [*services.engines]
     every_engine += [e for v in services.judge_engines.values() for e in v]
     rewards = reward_setup(cfg, judge=services.judge)
-    train_data = load_data(cfg.prompt_data, cfg, run_dir, eval_set=False)
+    train_data = load_data(cfg.prompt_data, cfg, run.run_dir, eval_set=False)
     eval_data = (
-        load_data(cfg.eval_prompt_data, cfg, run_dir, eval_set=True)
+        load_data(cfg.eval_prompt_data, cfg, run.run_dir, eval_set=True)
         if cfg.eval_prompt_data
         else None
     )
     evaluation = Evaluation(cfg, eval_data)
-    evaluation.history = record.evals  # one record of the run's evaluations, over restarts
-    metrics = MetricsWriter(run_dir, mirror=mirror)
+    evaluation.history = run.record.evals  # one run.record of the run's evaluations, over restarts
+    metrics = MetricsWriter(run.run_dir, mirror=run.mirror)
     stack.callback(metrics.close)  # TensorBoard's file closed however this ends
     trainer = GRPOTrainer(
         cfg,
@@ -359,24 +354,24 @@ async def _trainer_on(
         train_data=train_data,
         evaluation=evaluation,
         checkpoints=Checkpointer(cfg, learner),
-        stop=stop,
+        stop=run.stop,
         reference=services.groups.get("reference"),
         actor_fwd=services.groups.get("actor_fwd"),
         overlap=cfg.plan.phases_overlap,
         metrics=metrics,
-        clock=clock,
+        clock=run.clock,
         weight_sync=weight_sync,
         memory_probe=GpuMemoryProbe(learner, every_engine) if realized.use_gpus else None,
-        restarts=record.restarts,
+        restarts=run.record.restarts,
     )
-    trainer.history = record.history  # the same: a restart keeps the steps it does not redo
+    trainer.history = run.record.history  # the same: a restart keeps the steps it does not redo
     if weight_sync.path == "object_store" and not cfg.plan.phases_overlap:
         # a rollout engine whose actor dies is re-created with rank 0's weights (not in
         # fully-async: rank 0 trains meanwhile, its weights are not the engine's version)
         for engine in services.engines:
             engine.weights = learner.export_weights
-    if stop is not None:
-        stack.callback(stop.abrupt)  # a run that fails unwinds without waiting for a step
+    if run.stop is not None:
+        stack.callback(run.stop.abrupt)  # a run that fails unwinds without waiting for a step
     return trainer
 
 
