@@ -171,7 +171,8 @@ async def test_the_driver_restarts_on_the_same_ray_until_none_is_left(
     connects: list[int] = []
     goes: list[Any] = []
 
-    async def train_once(attempt, _engine, _run_dir, record, *rest):
+    async def train_once(attempt, run):
+        record = run.record
         goes.append((attempt.load, [h.step for h in record.history], len(record.restarts)))
         step = len(goes) + 1  # each go gets one step further before its rank is lost
         record.history[:] = [StepRecord(s, {}, {}) for s in range(1, step + 1)]
@@ -214,7 +215,8 @@ async def test_a_restart_the_cluster_cannot_hold_again_ends_on_the_lost_process(
     lost = _lost()
     seen: list[Any] = []
 
-    async def train_once(attempt, _engine, _run_dir, record, *rest):
+    async def train_once(attempt, run):
+        record = run.record
         seen.append(record.use_gpus)
         if record.use_gpus is None:  # the first go: placed on GPUs, then a node is lost
             record.use_gpus = True

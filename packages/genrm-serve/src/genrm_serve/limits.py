@@ -27,6 +27,9 @@ PROBE_TIMEOUT_S: Final = 10.0
 HEALTH_CHECK_PERIOD_S: Final = 2.0
 #: Sleep / wake of every engine of an instance.
 SLEEP_TIMEOUT_S: Final = 300.0
+#: An engine's orderly shutdown by its caller (batcher stopped, model released, a CPU engine's
+#: weight snapshot removed) before its actor is killed anyway.
+ENGINE_SHUTDOWN_TIMEOUT_S: Final = 60.0
 #: How long an engine's ``sleep()`` lets its queued requests finish before failing them.
 DRAIN_TIMEOUT_S: Final = 120.0
 #: Delay before re-creating a dead engine; doubles on each failure in a row up to the max.

@@ -199,6 +199,10 @@ class RecoverableEngine:
     async def info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         return dict(await self._do(lambda e: e.info(timeout_s=timeout_s)))
 
+    async def shutdown(self) -> None:
+        """The engine ended in order (nothing re-created: the run is done with it)."""
+        await self.engine.shutdown()
+
     async def kill(self) -> None:
         """End the engine for good (nothing re-created): a restart in place replaces it."""
         await self.engine.kill()

@@ -47,6 +47,7 @@ from rl_core.services import (
     Services,
     connect_ray,
     place,
+    shutdown_engines,
     start_services,
     start_weight_sync,
 )
@@ -289,7 +290,6 @@ async def _train_once(cfg: TrainConfig, run: _Run) -> tuple[GRPOTrainer, Any]:
                 trainer = await _trainer_on(cfg, run, realized, policy_path, services, attempt)
                 try:
                     await trainer.run()
-                    return trainer, services.groups["actor"]
                 except Exception as err:
                     lost = await _as_lost_process(err, services)
                     if not await _restarts_in_place(lost, realized):
@@ -304,6 +304,9 @@ async def _train_once(cfg: TrainConfig, run: _Run) -> tuple[GRPOTrainer, Any]:
                         judge.states = {w: services.phases.states[w] for w in judge.sleepers}
                     await services.end_trainer_and_rollout()
                     cfg = restarted_config(cfg, restart)
+                    continue
+                await shutdown_engines(services.engines)
+                return trainer, services.groups["actor"]
 
 
 async def _trainer_on(

@@ -122,6 +122,15 @@ class RemoteEngine:
     async def wake(self, *, timeout_s: float | None = None) -> None:
         await self._call("wake", timeout_s=timeout_s, default_s=limits.SLEEP_TIMEOUT_S)
 
+    async def shutdown(self, *, timeout_s: float | None = None) -> None:
+        """End the engine in order (queued requests failed, model released, what it keeps on
+        disk removed), its actor left to whoever owns its bundle; an actor already gone has
+        nothing to end."""
+        with contextlib.suppress(EngineGoneError):
+            await self._call(
+                "shutdown", timeout_s=timeout_s, default_s=limits.ENGINE_SHUTDOWN_TIMEOUT_S
+            )
+
     async def kill(self) -> None:
         """End the actor for good (no restart by Ray): one that marked itself failed still
         holds its bundle's resources, which its replacement needs."""
