@@ -278,11 +278,8 @@ class _RayGroup:
         return await self._wait(method, refs, timeout_s)
 
     async def shutdown(self) -> None:
-        import ray
-
         await self._all("shutdown")
-        for w in self.workers:
-            ray.kill(w)
+        await self.kill()
 
     async def kill(self) -> None:
         """End every rank at once, the living with the lost (their process group is broken):
