@@ -20,6 +20,13 @@ Layouts (each its own ``rl-core train`` process, one after another):
 
 Run: ``python benchmarks/gpu_train.py --out DIR [--layouts shared,defer,megatron] [--steps 3]``.
 Prints a markdown report; ``DIR/gpu_train.json`` holds every step's metrics.
+
+``--kill-trainer-after-step K``: each layout runs twice with ``--save`` every step, undisturbed
+and with its trainer rank killed (``ray.kill``, as an OOM kill ends it) once step K's checkpoint
+is written; the report adds the restart's log lines and its cost in wall time against the
+undisturbed run (the restart in place re-creates the trainer and the rollout engine on a GPU the
+judge still holds). On one H100 the ``sglang-shared`` pair takes more than 10 minutes (the
+undisturbed run 268 s, start-up 3 min of it).
 """
 
 from __future__ import annotations
@@ -124,6 +131,32 @@ def train_flags(
     ]
 
 
+def _latest_step(ckpt: Path) -> int:
+    latest = ckpt / "latest"
+    text = latest.read_text().strip() if latest.is_file() else ""
+    return int(text.removeprefix("step_")) if text.startswith("step_") else 0
+
+
+def _kill_trainer(proc: subprocess.Popen[bytes], ckpt: Path, after_step: int) -> dict[str, Any]:
+    """Once step ``after_step``'s checkpoint is written, trainer rank 0 is killed from outside
+    the run (this process joins its Ray as a second driver)."""
+    import ray
+
+    while _latest_step(ckpt) < after_step and proc.poll() is None:
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        return {"kill": "the run ended first"}
+    ray.init(address="auto", log_to_driver=False)
+    try:
+        for a in ray.util.list_named_actors(all_namespaces=True):
+            if a["name"].endswith(":actor-0") or a["name"] == "actor-0":
+                ray.kill(ray.get_actor(a["name"], namespace=a["namespace"]), no_restart=False)
+                return {"killed": a["name"], "after_step": _latest_step(ckpt)}
+        return {"kill": "no trainer rank found"}
+    finally:
+        ray.shutdown()
+
+
 def run_layout(
     name: str,
     policy: Path,
@@ -134,20 +167,34 @@ def run_layout(
     n: int,
     server_args: dict[str, Any] | None = None,
     keep_weights: bool = False,
+    kill_after: int | None = None,
+    tag: str = "",
 ) -> dict[str, Any]:
-    run_dir = work / "runs" / name
+    run_dir = work / "runs" / f"{name}{tag}"
     cmd = [sys.executable, "-m", "rl_core.cli", "train"]
     if name in SGLANG_LAYOUTS:
         cmd += train_flags(policy, judge, run_dir, steps, n, response_len=256)
         cmd += sglang_layout(name, server_args or {}, keep_weights)
     else:
         cmd += train_flags(policy, judge, run_dir, steps, n) + LAYOUTS[name]
-    log = out / f"train-{name}.log"
+    ckpt = work / "ckpt" / f"{name}{tag}"
+    if tag:
+        cmd += ["--save", str(ckpt), "--save-interval", "1", "--save-keep", "2"]
+    log = out / f"train-{name}{tag}.log"
     t0 = time.perf_counter()
+    killed: dict[str, Any] = {}
     with log.open("w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy())
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy())
+        if kill_after is not None:
+            killed = _kill_trainer(proc, ckpt, kill_after)
+        proc.wait()
     wall = time.perf_counter() - t0
-    res: dict[str, Any] = {"layout": name, "exit": proc.returncode, "wall_s": wall}
+    res: dict[str, Any] = {"layout": f"{name}{tag}", "exit": proc.returncode, "wall_s": wall}
+    if tag:
+        res["kill"] = killed
+        res["restart_lines"] = [
+            line for line in log.read_text().splitlines() if "restart" in line.lower()
+        ][:10]
     metrics = run_dir / "metrics.jsonl"
     res["steps"] = (
         [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
@@ -158,6 +205,20 @@ def run_layout(
     if proc.returncode != 0:
         res["log_tail"] = log.read_text()[-4000:]
     return res
+
+
+def restart_report(undisturbed: dict[str, Any], killed: dict[str, Any]) -> str:
+    steps = [s["step"] for s in killed["steps"]]
+    return "\n".join(
+        [
+            f"### {killed['layout']}: exit {killed['exit']}, {killed['kill']}",
+            f"steps recorded: {steps} (undisturbed: {[s['step'] for s in undisturbed['steps']]})",
+            f"wall {killed['wall_s']:.1f} s against {undisturbed['wall_s']:.1f} s undisturbed: "
+            f"**{killed['wall_s'] - undisturbed['wall_s']:+.1f} s** for the kill",
+            *(f"    {line}" for line in killed["restart_lines"]),
+            "",
+        ]
+    )
 
 
 def _cols(steps: list[dict[str, Any]], prefix: str) -> list[str]:
@@ -221,6 +282,14 @@ def main() -> None:
         action="store_true",
         help="sglang-* layouts: the judge's sleep frees its KV cache, its weights stay",
     )
+    ap.add_argument(
+        "--kill-trainer-after-step",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run each layout undisturbed and with its trainer rank killed after step K "
+        "(both with --save every step)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -244,12 +313,16 @@ def main() -> None:
     for name in args.layouts.split(","):
         steps = 2 if name == "megatron" else args.steps
         sa = json.loads(args.sglang_server_args)
-        doc["results"].append(
-            run_layout(
-                name, policy, judge, args.out, args.work, steps, args.n, sa, args.keep_weights
-            )
-        )
-        print(report(doc["results"][-1:]), flush=True)
+        common = (name, policy, judge, args.out, args.work, steps, args.n, sa, args.keep_weights)
+        if args.kill_trainer_after_step is None:
+            doc["results"].append(run_layout(*common))
+            print(report(doc["results"][-1:]), flush=True)
+        else:
+            undisturbed = run_layout(*common, tag="-saved")
+            killed = run_layout(*common, kill_after=args.kill_trainer_after_step, tag="-killed")
+            doc["results"] += [undisturbed, killed]
+            print(report([undisturbed, killed]), flush=True)
+            print(restart_report(undisturbed, killed), flush=True)
         # after each layout: a run cut short still leaves what it measured
         (args.out / "gpu_train.json").write_text(json.dumps(doc, indent=1, default=str))
 
