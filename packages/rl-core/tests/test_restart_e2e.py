@@ -28,6 +28,7 @@ import pytest
 from restart_reward import restart_run_argv
 from run_records import tb_scalars
 
+from rl_core.checkpoints import latest_step
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.launch import run_training
@@ -81,15 +82,14 @@ async def _kill_a_rank(
     is written: a finished run has nothing left to lose."""
     import ray
 
-    latest = save / "latest"
     for _ in range(18_000):  # polled every 50 ms, up to the test's 15 minutes
-        if after_step is None and latest.is_file():
+        if after_step is None and latest_step(save) >= 1:
             break
         if after_step is not None and after_step in logged_steps(save.parent / "run"):
             break
         await asyncio.sleep(0.05)
     await asyncio.sleep(delay_s)
-    if latest.read_text().strip() == f"step_{STEPS:06d}":
+    if latest_step(save) == STEPS:
         return
     (name,) = [n for n in ray.util.list_named_actors() if n.endswith(":actor-1")]
     layout = save.parent / "run" / "layout.json"  # the attempt's actors, as the kill finds them

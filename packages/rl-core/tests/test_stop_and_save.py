@@ -13,7 +13,7 @@ import signal
 import pytest
 from tiny_grpo import ScriptedReward
 
-from rl_core.checkpoints import CheckpointError
+from rl_core.checkpoints import CheckpointError, latest_step
 from rl_core.metrics import read_metrics
 from rl_core.stopping import StopRequest
 
@@ -57,6 +57,7 @@ async def test_a_stop_signal_mid_step_saves_the_last_step_and_the_resume_continu
         f"(resume with --load {ckpt})"
     )
     assert (ckpt / "latest").read_text() == "step_000001"
+    assert latest_step(ckpt) == 1  # what a watcher outside the run reads
     assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1]
 
     resumed, _, _ = await grpo_trainer(
@@ -139,6 +140,8 @@ async def test_save_keep_keeps_the_newest_checkpoints(tmp_path, grpo_config, grp
     ckpt = tmp_path / "ckpt"
     cfg = grpo_config(tmp_path, num_rollout=3, save=str(ckpt), save_interval=1, save_keep=2)
     trainer, _, _ = await grpo_trainer(cfg)
+    assert latest_step(ckpt) == 0  # nothing saved yet
     await trainer.run()
     assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_000002", "step_000003"]
     assert (ckpt / "latest").read_text() == "step_000003"
+    assert latest_step(ckpt) == 3

@@ -31,6 +31,7 @@ __all__ = [
     "checkpoint_path",
     "estimate_checkpoint_bytes",
     "keep_last",
+    "latest_step",
     "read_checkpoint_state",
     "step_folder",
 ]
@@ -60,6 +61,15 @@ def checkpoint_path(root: Path) -> Path:
     ``root`` itself."""
     latest = root / LATEST
     return root / latest.read_text().strip() if latest.is_file() else root
+
+
+def latest_step(root: Path) -> int:
+    """The step of the newest checkpoint in the ``--save`` folder ``root`` (0 before the
+    first): what a process watching a run from outside polls. ``latest`` is written only once
+    its checkpoint is complete."""
+    latest = root / LATEST
+    name = latest.read_text().strip() if latest.is_file() else ""
+    return int(name.removeprefix("step_")) if name.startswith("step_") else 0
 
 
 def read_checkpoint_state(path: Path) -> dict[str, Any]:
