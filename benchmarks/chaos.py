@@ -36,12 +36,15 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from rl_core.checkpoints import latest_step
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -92,21 +95,15 @@ def _env() -> dict[str, str]:
     return os.environ | {"PYTHONPATH": str(REWARD_DIR) + (os.pathsep + path if path else "")}
 
 
-def _latest_step(ckpt: Path) -> int:
-    latest = ckpt / "latest"
-    text = latest.read_text().strip() if latest.is_file() else ""
-    return int(text.removeprefix("step_")) if text.startswith("step_") else 0
-
-
 async def _kill_in_process(victim: str, ckpt: Path, delay_s: float, out: dict[str, Any]) -> None:
     import ray
 
     for _ in range(12_000):  # polled every 50 ms, for up to 10 minutes
-        if _latest_step(ckpt) >= 1:
+        if latest_step(ckpt) >= 1:
             break
         await asyncio.sleep(0.05)
     await asyncio.sleep(delay_s)
-    if _latest_step(ckpt) >= STEPS:
+    if latest_step(ckpt) >= STEPS:
         return  # the run was done: nothing left to lose
     pattern = re.compile(_NAMES[victim])
     actors = ray.util.list_named_actors(all_namespaces=True)
@@ -118,7 +115,7 @@ async def _kill_in_process(victim: str, ckpt: Path, delay_s: float, out: dict[st
         return
     target = found[0]
     ray.kill(ray.get_actor(target["name"], namespace=target["namespace"]), no_restart=False)
-    out |= {"killed": target["name"], "after_step": _latest_step(ckpt)}
+    out |= {"killed": target["name"], "after_step": latest_step(ckpt)}
 
 
 def _run_in_process(root: Path, name: str, victim: str | None, delay_s: float) -> dict[str, Any]:
@@ -156,11 +153,11 @@ def _run_driver_victim(root: Path, name: str, delay_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, env=_env(), stdout=log, stderr=log, start_new_session=True)
-    while _latest_step(ckpt) < 1 and proc.poll() is None:
+    while latest_step(ckpt) < 1 and proc.poll() is None:
         time.sleep(0.05)
     time.sleep(delay_s)
-    if proc.poll() is None and _latest_step(ckpt) < STEPS:
-        out["after_step"] = _latest_step(ckpt)
+    if proc.poll() is None and latest_step(ckpt) < STEPS:
+        out["after_step"] = latest_step(ckpt)
         os.kill(proc.pid, signal.SIGKILL)
         out["killed"] = f"rl-core train (pid {proc.pid})"
     proc.wait()
@@ -218,12 +215,19 @@ def _check(run: Path, undisturbed: Path | None) -> dict[str, Any]:
     return out
 
 
+def _fresh(root: Path, name: str) -> str:
+    """A run's folder emptied first: an earlier invocation's run, checkpoints and metrics
+    would make the kill wait on a step already saved and the check count steps twice."""
+    shutil.rmtree(root / name, ignore_errors=True)
+    return name
+
+
 def run(args: argparse.Namespace) -> int:
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     _prepare(root)
     results = root / "results.jsonl"
-    base = _run_in_process(root, "undisturbed", None, 0.0)
+    base = _run_in_process(root, _fresh(root, "undisturbed"), None, 0.0)
     base |= _check(root / "undisturbed", None) | {"victim": "none", "seed": 0}
     print(json.dumps(base), flush=True)
     with results.open("w") as f:
@@ -231,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
         for victim in args.victims:
             for seed in range(1, args.seeds + 1):
                 delay = random.Random(f"{victim}-{seed}").uniform(0.0, MAX_DELAY_S)
-                name = f"{victim}-s{seed}"
+                name = _fresh(root, f"{victim}-s{seed}")
                 if victim == "driver":
                     out = _run_driver_victim(root, name, delay)
                 else:

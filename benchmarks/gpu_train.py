@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -42,6 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_handoff import JUDGE_4B, POLICY_06B, QUICK
+
+from rl_core.checkpoints import latest_step
 
 RESOURCE = json.dumps({"actor": [1, 1], "rollout": [1, 1], "genrm": [1, 1]})
 
@@ -131,18 +134,12 @@ def train_flags(
     ]
 
 
-def _latest_step(ckpt: Path) -> int:
-    latest = ckpt / "latest"
-    text = latest.read_text().strip() if latest.is_file() else ""
-    return int(text.removeprefix("step_")) if text.startswith("step_") else 0
-
-
 def _kill_trainer(proc: subprocess.Popen[bytes], ckpt: Path, after_step: int) -> dict[str, Any]:
     """Once step ``after_step``'s checkpoint is written, trainer rank 0 is killed from outside
     the run (this process joins its Ray as a second driver)."""
     import ray
 
-    while _latest_step(ckpt) < after_step and proc.poll() is None:
+    while latest_step(ckpt) < after_step and proc.poll() is None:
         time.sleep(0.05)
     if proc.poll() is not None:
         return {"kill": "the run ended first"}
@@ -151,7 +148,7 @@ def _kill_trainer(proc: subprocess.Popen[bytes], ckpt: Path, after_step: int) ->
         for a in ray.util.list_named_actors(all_namespaces=True):
             if a["name"].endswith(":actor-0") or a["name"] == "actor-0":
                 ray.kill(ray.get_actor(a["name"], namespace=a["namespace"]), no_restart=False)
-                return {"killed": a["name"], "after_step": _latest_step(ckpt)}
+                return {"killed": a["name"], "after_step": latest_step(ckpt)}
         return {"kill": "no trainer rank found"}
     finally:
         ray.shutdown()
@@ -168,8 +165,12 @@ def run_layout(
     server_args: dict[str, Any] | None = None,
     keep_weights: bool = False,
     kill_after: int | None = None,
-    tag: str = "",
+    saved_as: str | None = None,
 ) -> dict[str, Any]:
+    """One ``rl-core train`` of layout ``name``; with ``saved_as``, saved every step and named
+    ``name + saved_as`` (its run, checkpoint folder and log), and with ``kill_after`` too, its
+    trainer rank killed after that step."""
+    tag = saved_as or ""
     run_dir = work / "runs" / f"{name}{tag}"
     cmd = [sys.executable, "-m", "rl_core.cli", "train"]
     if name in SGLANG_LAYOUTS:
@@ -178,7 +179,10 @@ def run_layout(
     else:
         cmd += train_flags(policy, judge, run_dir, steps, n) + LAYOUTS[name]
     ckpt = work / "ckpt" / f"{name}{tag}"
-    if tag:
+    # an earlier invocation's run would be refused (its metrics) and its checkpoints met the kill
+    for stale in (run_dir, ckpt):
+        shutil.rmtree(stale, ignore_errors=True)
+    if saved_as is not None:
         cmd += ["--save", str(ckpt), "--save-interval", "1", "--save-keep", "2"]
     log = out / f"train-{name}{tag}.log"
     t0 = time.perf_counter()
@@ -190,7 +194,7 @@ def run_layout(
         proc.wait()
     wall = time.perf_counter() - t0
     res: dict[str, Any] = {"layout": f"{name}{tag}", "exit": proc.returncode, "wall_s": wall}
-    if tag:
+    if saved_as is not None:
         res["kill"] = killed
         res["restart_lines"] = [
             line for line in log.read_text().splitlines() if "restart" in line.lower()
@@ -310,6 +314,11 @@ def main() -> None:
         "command": " ".join(sys.argv),
         "results": [],
     }
+
+    def write() -> None:
+        """After each run: a command cut short still leaves what it measured."""
+        (args.out / "gpu_train.json").write_text(json.dumps(doc, indent=1, default=str))
+
     for name in args.layouts.split(","):
         steps = 2 if name == "megatron" else args.steps
         sa = json.loads(args.sglang_server_args)
@@ -318,13 +327,17 @@ def main() -> None:
             doc["results"].append(run_layout(*common))
             print(report(doc["results"][-1:]), flush=True)
         else:
-            undisturbed = run_layout(*common, tag="-saved")
-            killed = run_layout(*common, kill_after=args.kill_trainer_after_step, tag="-killed")
-            doc["results"] += [undisturbed, killed]
-            print(report([undisturbed, killed]), flush=True)
+            undisturbed = run_layout(*common, saved_as="-saved")
+            doc["results"].append(undisturbed)
+            print(report([undisturbed]), flush=True)
+            write()
+            killed = run_layout(
+                *common, kill_after=args.kill_trainer_after_step, saved_as="-killed"
+            )
+            doc["results"].append(killed)
+            print(report([killed]), flush=True)
             print(restart_report(undisturbed, killed), flush=True)
-        # after each layout: a run cut short still leaves what it measured
-        (args.out / "gpu_train.json").write_text(json.dumps(doc, indent=1, default=str))
+        write()
 
 
 if __name__ == "__main__":
