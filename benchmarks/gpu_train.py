@@ -24,14 +24,16 @@ Prints a markdown report; ``DIR/gpu_train.json`` holds every step's metrics.
 ``--kill-trainer-after-step K``: each layout runs twice with ``--save`` every step, undisturbed
 and with its trainer rank killed (``ray.kill``, as an OOM kill ends it) once step K's checkpoint
 is written; the report adds the restart's log lines and its cost in wall time against the
-undisturbed run (the restart in place re-creates the trainer and the rollout engine on a GPU the
-judge still holds). On one H100 the ``sglang-shared`` pair takes more than 10 minutes (the
-undisturbed run 268 s, start-up 3 min of it).
+undisturbed run, and within the killed run as the gap over the killed step against the others
+(the restart in place re-creates the trainer and the rollout engine on a GPU the judge still
+holds). On one H100 the ``sglang-shared`` pair takes more than 10 minutes (the undisturbed run
+268 s, start-up 3 min of it): ``--killed-only`` runs the killed one alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -211,18 +213,39 @@ def run_layout(
     return res
 
 
-def restart_report(undisturbed: dict[str, Any], killed: dict[str, Any]) -> str:
+def step_gaps(steps: list[dict[str, Any]]) -> list[float]:
+    """Seconds between consecutive steps' records: the gap that holds a restart against the
+    others, measured in the same run."""
+    times = [s["time"] for s in steps]
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def restart_report(undisturbed: dict[str, Any] | None, killed: dict[str, Any]) -> str:
+    """The restart's cost twice where both runs exist: wall time against the undisturbed run,
+    and, within the killed run, the gap over the killed step against the median other gap
+    (the step after the kill includes the lost step's rerun, the restart and one step)."""
     steps = [s["step"] for s in killed["steps"]]
-    return "\n".join(
-        [
-            f"### {killed['layout']}: exit {killed['exit']}, {killed['kill']}",
+    lines = [f"### {killed['layout']}: exit {killed['exit']}, {killed['kill']}"]
+    if undisturbed is not None:
+        lines += [
             f"steps recorded: {steps} (undisturbed: {[s['step'] for s in undisturbed['steps']]})",
             f"wall {killed['wall_s']:.1f} s against {undisturbed['wall_s']:.1f} s undisturbed: "
             f"**{killed['wall_s'] - undisturbed['wall_s']:+.1f} s** for the kill",
-            *(f"    {line}" for line in killed["restart_lines"]),
-            "",
         ]
-    )
+    else:
+        lines.append(f"steps recorded: {steps}, wall {killed['wall_s']:.1f} s")
+    after = killed["kill"].get("after_step")
+    gaps = dict(zip(steps[1:], step_gaps(killed["steps"]), strict=False))
+    if after is not None and after + 1 in gaps and len(gaps) > 1:
+        others = sorted(g for s, g in gaps.items() if s != after + 1)
+        median = others[len(others) // 2]
+        lines.append(
+            f"step {after} → {after + 1}: {gaps[after + 1]:.1f} s against a median "
+            f"{median:.1f} s between other steps: **{gaps[after + 1] - median:+.1f} s** "
+            "for the kill, in the same run"
+        )
+    lines += [*(f"    {line}" for line in killed["restart_lines"]), ""]
+    return "\n".join(lines)
 
 
 def _cols(steps: list[dict[str, Any]], prefix: str) -> list[str]:
@@ -294,7 +317,15 @@ def main() -> None:
         help="run each layout undisturbed and with its trainer rank killed after step K "
         "(both with --save every step)",
     )
+    ap.add_argument(
+        "--killed-only",
+        action="store_true",
+        help="with --kill-trainer-after-step: the killed run alone (its cost measured within "
+        "it), for a pair that does not fit one command",
+    )
     args = ap.parse_args()
+    if args.killed_only and args.kill_trainer_after_step is None:
+        ap.error("--killed-only: needs --kill-trainer-after-step K (the run it keeps)")
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -327,10 +358,12 @@ def main() -> None:
             doc["results"].append(run_layout(*common))
             print(report(doc["results"][-1:]), flush=True)
         else:
-            undisturbed = run_layout(*common, saved_as="-saved")
-            doc["results"].append(undisturbed)
-            print(report([undisturbed]), flush=True)
-            write()
+            undisturbed = None
+            if not args.killed_only:
+                undisturbed = run_layout(*common, saved_as="-saved")
+                doc["results"].append(undisturbed)
+                print(report([undisturbed]), flush=True)
+                write()
             killed = run_layout(
                 *common, kill_after=args.kill_trainer_after_step, saved_as="-killed"
             )
