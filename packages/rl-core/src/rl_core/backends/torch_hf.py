@@ -307,7 +307,9 @@ class TorchHFBackend(TrainingBackend):
         loaded = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
         self.model.load_state_dict(loaded.state_dict())
         del loaded
-        opt = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+        # on the host: the RNG state must stay a CPU ByteTensor (on a GPU, loading it onto the
+        # device made every resume fail); the optimizer moves its state to its parameters' device
+        opt = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(opt["optimizer"])
         torch.set_rng_state(opt["rng"])
         state = json.loads((path / "state.json").read_text())
