@@ -241,7 +241,8 @@ print(json.dumps({"plain_list_actors": plain, "view": read_state_api() is not No
 
 def test_the_state_view_is_this_runs_cluster_and_job(cluster: Cluster) -> None:
     """On a cluster shared with another job, that job's pending actor is not this run's problem
-    (this run's own pending actor is); and a Ray whose recorded API server is another cluster's
+    (this run's own pending actor is), nor is one of Serve's, which Serve's controller schedules
+    (it replaces a proxy slow to start); and a Ray whose recorded API server is another cluster's
     dashboard has no state view, rather than that cluster's actors."""
     import os
     import subprocess
@@ -252,6 +253,7 @@ def test_the_state_view_is_this_runs_cluster_and_job(cluster: Cluster) -> None:
     from ray import ray_constants
     from ray.experimental import internal_kv
 
+    from genrm_serve import serve_namespace
     from rl_core.layout import read_state_api
 
     def python(script: str, *args: str) -> str:
@@ -271,17 +273,19 @@ def test_the_state_view_is_this_runs_cluster_and_job(cluster: Cluster) -> None:
 
     theirs = python(_ANOTHER_JOB, cluster.address)
     own = Waits.remote()
-    mine = own._actor_id.hex()
+    serves = Waits.options(name="waits", namespace=serve_namespace()).remote()
+    mine, serve_s = own._actor_id.hex(), serves._actor_id.hex()
     try:
         deadline = time.monotonic() + 60
         while True:
             view = read_state_api()
             assert view is not None, "the test cluster runs the dashboard: a view was expected"
-            if {mine, theirs} <= view.actors.keys() or time.monotonic() > deadline:
+            if {mine, theirs, serve_s} <= view.actors.keys() or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        assert view.actors[theirs].state == "PENDING_CREATION"  # seen, and waiting
-        assert theirs not in view.pending
+        for waiting in (theirs, serve_s):
+            assert view.actors[waiting].state == "PENDING_CREATION", waiting  # seen, and waiting
+        assert theirs not in view.pending and serve_s not in view.pending
         assert mine in view.pending
 
         dashboard = internal_kv._internal_kv_get(
@@ -293,4 +297,5 @@ def test_the_state_view_is_this_runs_cluster_and_job(cluster: Cluster) -> None:
         assert seen["view"] is False
     finally:
         ray.kill(own)
+        ray.kill(serves)
         ray.kill(ray.get_actor("waits", namespace="another-job"))

@@ -268,6 +268,15 @@ def _start_serve(host: str, port: int) -> None:
             logger.warning("Serve replaced an HTTP proxy that was slow to start; connecting again")
 
 
+def serve_namespace() -> str:
+    """The Ray namespace of Serve's own actors (controller, proxies, replicas): Serve's
+    controller schedules them by its own policy (a proxy follows a replica to its node), so a
+    caller's check of its own actors leaves them to Serve."""
+    from ray.serve._private.constants import SERVE_NAMESPACE
+
+    return SERVE_NAMESPACE
+
+
 def shutdown_serve(timeout_s: float = limits.SERVE_GONE_WAIT_S) -> None:
     """Shut Serve down, quietly, and wait until its controller is really gone.
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from genrm_serve import RemoteEngine
+from genrm_serve import RemoteEngine, serve_namespace
 from rl_core.engine_recovery import RecoverableEngine
 from rl_core.limits import ENGINE_PROBE_TIMEOUT_S
 from rl_core.participants import judge_id
@@ -41,7 +41,9 @@ PENDING_STATES = ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
 class StateView:
     """Ray's state API on this run's cluster: every actor by id, and the ids of this run's own
     actors (its job's) still waiting to be created. Another job's pending actor on a shared
-    cluster is that job's business, not a fault of this run's layout."""
+    cluster is that job's business, not a fault of this run's layout; so are Serve's own actors
+    (a proxy being started on the node a replica went to), which the judge service's deploy wait
+    answers for."""
 
     actors: dict[str, Any]
     pending: list[str]
@@ -81,10 +83,21 @@ def read_state_api() -> StateView | None:
         job_id = ctx.get_job_id()
     except Exception:  # no dashboard on this cluster: the actors' own reports stand alone
         return None
+    serve_ns = serve_namespace()
     return StateView(
         actors={a.actor_id: a for a in actors},
-        pending=[a.actor_id for a in actors if a.state in PENDING_STATES and a.job_id == job_id],
+        pending=[
+            a.actor_id
+            for a in actors
+            if a.state in PENDING_STATES and a.job_id == job_id and a.ray_namespace != serve_ns
+        ],
     )
+
+
+def _named(actor: Any) -> str:
+    """An actor as a reader can find it: its id, class and name (Ray's state API record)."""
+    name = f" {actor.name!r}" if getattr(actor, "name", None) else ""
+    return f"{actor.actor_id} ({actor.class_name}{name}, {actor.state})"
 
 
 def _plan_entry(
@@ -195,7 +208,7 @@ async def read_layout(
         "state_api": state is not None,
         "placement_groups": groups,
         "actors": actors,
-        "pending_actors": view.pending if view is not None else [],
+        "pending_actors": [_named(view.actors[i]) for i in view.pending] if view else [],
     }
 
 
