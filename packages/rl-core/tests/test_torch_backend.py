@@ -155,6 +155,18 @@ def test_resume_gives_the_same_next_step(tiny_model_path, tmp_path):
         assert torch.allclose(v, resumed.model.state_dict()[k], atol=1e-6), k
 
 
+def test_a_load_while_offloaded_is_refused_and_one_after_onload_resumes(tiny_model_path, tmp_path):
+    first, _ = _train(tiny_model_path, BackendConfig(lr=1e-2), _items(), steps=1)
+    first.save(tmp_path / "ckpt", {"cursor": 1})
+    resumed = TorchHFBackend(tiny_model_path, BackendConfig(lr=1e-2))
+    resumed.offload()
+    with pytest.raises(RuntimeError, match="onload"):
+        resumed.load(tmp_path / "ckpt")
+    assert resumed.step == 0
+    resumed.onload()
+    assert resumed.load(tmp_path / "ckpt") == {"cursor": 1} and resumed.step == 1
+
+
 def test_offload_blocks_use_until_onload(tiny_model_path):
     backend = TorchHFBackend(tiny_model_path, BackendConfig())
     backend.offload()

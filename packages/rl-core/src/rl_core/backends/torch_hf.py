@@ -301,6 +301,9 @@ class TorchHFBackend(TrainingBackend):
         os.replace(tmp, path)
 
     def load(self, path: Path) -> dict[str, Any]:
+        """Restore what :meth:`save` wrote. Refused while offloaded, as Megatron's is: Adam's
+        state would be made on the host beside the offloaded weights and stay there at onload."""
+        self._check_loaded()
         path = Path(path)
         if not (path / "state.json").is_file():
             raise FileNotFoundError(f"--load {path}: not a checkpoint (no state.json)")
