@@ -56,19 +56,23 @@ def step_folder(root: Path, step: int) -> Path:
     return root / f"step_{step:06d}"
 
 
+def _latest_name(root: Path) -> str:
+    """The folder name ``root/latest`` holds ("" where there is none): its one reader."""
+    latest = root / LATEST
+    return latest.read_text().strip() if latest.is_file() else ""
+
+
 def checkpoint_path(root: Path) -> Path:
     """The checkpoint ``--load root`` means: ``root/<latest>`` in a ``--save`` folder, else
     ``root`` itself."""
-    latest = root / LATEST
-    return root / latest.read_text().strip() if latest.is_file() else root
+    return root / _latest_name(root)
 
 
 def latest_step(root: Path) -> int:
     """The step of the newest checkpoint in the ``--save`` folder ``root`` (0 before the
     first): what a process watching a run from outside polls. ``latest`` is written only once
     its checkpoint is complete."""
-    latest = root / LATEST
-    name = latest.read_text().strip() if latest.is_file() else ""
+    name = _latest_name(root)
     return int(name.removeprefix("step_")) if name.startswith("step_") else 0
 
 
@@ -83,7 +87,7 @@ def read_checkpoint_state(path: Path) -> dict[str, Any]:
 def keep_last(root: Path, n: int) -> list[Path]:
     """Delete all but the newest ``n`` checkpoints of ``root`` (``--save-keep``); the one
     ``latest`` names is always kept. Returns what was deleted."""
-    latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
+    latest = _latest_name(root)
     steps = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
     doomed = [p for p in steps[: max(len(steps) - n, 0)] if p.name != latest]
     for p in doomed:
