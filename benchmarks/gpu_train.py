@@ -37,6 +37,7 @@ import itertools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -213,13 +214,6 @@ def run_layout(
     return res
 
 
-def step_gaps(steps: list[dict[str, Any]]) -> list[float]:
-    """Seconds between consecutive steps' records: the gap that holds a restart against the
-    others, measured in the same run."""
-    times = [s["time"] for s in steps]
-    return [b - a for a, b in itertools.pairwise(times)]
-
-
 def restart_report(undisturbed: dict[str, Any] | None, killed: dict[str, Any]) -> str:
     """The restart's cost twice where both runs exist: wall time against the undisturbed run,
     and, within the killed run, the gap over the killed step against the median other gap
@@ -235,10 +229,10 @@ def restart_report(undisturbed: dict[str, Any] | None, killed: dict[str, Any]) -
     else:
         lines.append(f"steps recorded: {steps}, wall {killed['wall_s']:.1f} s")
     after = killed["kill"].get("after_step")
-    gaps = dict(zip(steps[1:], step_gaps(killed["steps"]), strict=False))
+    # seconds from each step's record to the next one's, by the later step
+    gaps = {b["step"]: b["time"] - a["time"] for a, b in itertools.pairwise(killed["steps"])}
     if after is not None and after + 1 in gaps and len(gaps) > 1:
-        others = sorted(g for s, g in gaps.items() if s != after + 1)
-        median = others[len(others) // 2]
+        median = statistics.median(g for s, g in gaps.items() if s != after + 1)
         lines.append(
             f"step {after} → {after + 1}: {gaps[after + 1]:.1f} s against a median "
             f"{median:.1f} s between other steps: **{gaps[after + 1] - median:+.1f} s** "
