@@ -54,8 +54,7 @@ def _slow_files_first(items: list[pytest.Item]) -> None:
     """Files holding a ``slow`` test run first, those on ``shared_ray`` first of all; each
     file's tests in their own order.
 
-    scripts/test.sh hands whole files to its test processes in collection order (its
-    ``--no-loadscope-reorder``: pytest-xdist would re-sort them by test count); a slow file
+    scripts/test.sh hands whole files to its test processes in collection order; a slow file
     collected last (rl-core's end-to-end runs sort after every other package) can keep one
     process busy for a minute and more after the other has run out of files. The files on
     the shared Ray, collected together, follow one another in each process, on one Ray."""
