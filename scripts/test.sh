@@ -27,14 +27,10 @@ types_pid=$!
 # cores. On the 2-core machine two took 21 min 40 s where one took 24 min 34 s (same machine,
 # same day): each Ray-based file waits much of its time (cluster start, model loads, HTTP).
 # GENRM_TEST_WORKERS=N sets the count (0 = one process, no xdist).
-# --no-loadscope-reorder: files go out in the order the root conftest sorts them in (the slow ones
-# and those on the shared Ray first). pytest-xdist's default re-sorts them by their number of
-# tests, which sent the one-test end-to-end runs last and put other files' own Rays between
-# those on the shared one.
 cores=$(nproc)
 workers=${GENRM_TEST_WORKERS:-$(( cores > 4 ? cores / 2 : 2 ))}
 tests=0
-"${UV[@]}" pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@" || tests=$?
+"${UV[@]}" pytest -n "$workers" --dist loadfile "$@" || tests=$?
 types=0
 wait "$types_pid" || types=$?
 echo "--- type checks (mypy) ---"
