@@ -54,10 +54,12 @@ def _slow_files_first(items: list[pytest.Item]) -> None:
     """Files holding a ``slow`` test run first, those on ``shared_ray`` first of all; each
     file's tests in their own order.
 
-    scripts/test.sh hands whole files to its test processes in collection order; a slow file
-    collected last (rl-core's end-to-end runs sort after every other package) can keep one
-    process busy for a minute and more after the other has run out of files. The files on
-    the shared Ray, collected together, follow one another in each process, on one Ray."""
+    In one test process (``GENRM_TEST_WORKERS=0``) this is the order files run in: the files
+    on the shared Ray, collected together, follow one another on one Ray. scripts/test.sh's
+    pytest-xdist (``--dist loadfile``) re-sorts whole files by their number of tests, most
+    first, and this order decides only between files of equal count. Handing files out in this
+    order instead (``--no-loadscope-reorder``) was measured from a clean clone: pytest 1,215 s
+    against 1,183 s, the tail no shorter (59 s between the processes' ends against 47 s)."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     shared = _SHARED_RAY_FILES
     shared |= {item.path for item in items if "shared_ray" in item.fixturenames}
