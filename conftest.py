@@ -51,8 +51,8 @@ _SHARED_RAY_FILES: set[Path] = set()
 
 
 def _slow_files_first(items: list[pytest.Item]) -> None:
-    """Files holding a ``slow`` test run first, those on ``shared_ray`` first of all; each
-    file's tests in their own order.
+    """Collected in this order: the files on ``shared_ray`` first of all, then the other files
+    holding a ``slow`` test; each file's tests in their own order.
 
     In one test process (``GENRM_TEST_WORKERS=0``) this is the order files run in: the files
     on the shared Ray, collected together, follow one another on one Ray. scripts/test.sh's
