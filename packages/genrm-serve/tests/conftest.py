@@ -3,7 +3,9 @@ process's shared Ray."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,9 @@ from genrm_serve.testing import free_port, ray_test_env, serve_proxy
 
 # Before any test module imports ray.
 ray_test_env()
+
+# --import-mode=importlib does not put test folders on sys.path; the helpers module needs it.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture

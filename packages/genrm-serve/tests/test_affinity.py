@@ -4,7 +4,6 @@ their engine goes down; through the real router and real (scripted) engine worke
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,12 +16,13 @@ from genrm_serve.metrics import ServiceMetrics
 from genrm_serve.router import EngineSlot, InstanceRouter
 from genrm_serve.router.chunking import chunk_by_key
 from genrm_serve.router.policy import affinity_slack, serving_home
+from genrm_serve.testing import scripted_model_path
 
 
 def _spec(engines: int, script: dict[str, object] | None = None, **config: Any) -> InstanceSpec:
     return InstanceSpec(
         route_key="judge",
-        model_path="scripted:" + json.dumps(script or {"default": "{engine_id}"}),
+        model_path=scripted_model_path(**(script or {"default": "{engine_id}"})),
         num_gpus=engines,
         engine_config=EngineConfig(**config),
     )

@@ -16,7 +16,7 @@ from genrm_serve.engines.base import (
     EngineRequest,
     PromptTooLongError,
 )
-from genrm_serve.engines.scripted import ScriptedEngine, load_script
+from genrm_serve.engines.scripted import ScriptedEngine, load_script, scripted_model_path
 
 
 def _spec(model_path: str, route_key: str = "judge", **engine_config: int) -> InstanceSpec:
@@ -51,6 +51,21 @@ async def test_rules_match_last_user_message_and_report_routing() -> None:
     assert all(o.finish_reason == "stop" for o in outs)
     assert outs[0].extra["route_key"] == "judge" and outs[0].extra["engine_id"] == "judge/0"
     assert outs[0].prompt_tokens == 3  # "judge" + "an apple"
+
+
+def test_scripted_model_path_is_the_inline_form_and_refuses_a_key_no_script_has() -> None:
+    path = scripted_model_path(default="0", replies={"apple": "1"}, delay_s=0.5)
+    assert path == 'scripted:{"default": "0", "replies": {"apple": "1"}, "delay_s": 0.5}'
+    assert resolve_engine_kind(_spec(path).model_copy(update={"engine": "auto"})) == "scripted"
+    assert load_script(path).model_dump(include={"default", "replies", "delay_s"}) == {
+        "default": "0",
+        "replies": {"apple": "1"},
+        "delay_s": 0.5,
+    }
+    with pytest.raises(ValueError, match="defualt"):
+        scripted_model_path(defualt="1")
+    with pytest.raises(ValueError, match="delay_s"):
+        scripted_model_path(delay_s=-1)
 
 
 async def test_default_reply_forms(tmp_path: Path) -> None:

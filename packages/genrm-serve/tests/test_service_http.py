@@ -12,7 +12,6 @@ Two apps share one Serve proxy (one Ray per module):
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,20 +19,15 @@ from typing import Any
 import httpx
 import pytest
 import ray
+from service_calls import USER, get, metric, post
 
 from genrm_client.types import DEFAULT_ROUTE_KEY
 from genrm_serve.app import EngineStartError, build_app, deploy, wait_until_healthy
 from genrm_serve.config import build_instances
 from genrm_serve.serve_args import ServeArgs
+from genrm_serve.testing import scripted_model_path
 
 API_KEY = "test-secret"
-USER = {"role": "user", "content": "Is 2+2=4 consistent with 4? Reply 1 or 0."}
-
-
-def _script(**kw: Any) -> str:
-    import json
-
-    return "scripted:" + json.dumps(kw)
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +35,14 @@ def multi(serve_port: int) -> Iterator[ServeArgs]:
     instances = build_instances(
         instances={
             "quality": {
-                "model_path": _script(default="q|{route_key}|{engine_id}"),
+                "model_path": scripted_model_path(default="q|{route_key}|{engine_id}"),
                 "num_gpus": 2,
                 "engine_config": {"max_context_len": 50},
             },
-            "safety": {"model_path": _script(default="s|{route_key}|{engine_id}"), "num_gpus": 1},
+            "safety": {
+                "model_path": scripted_model_path(default="s|{route_key}|{engine_id}"),
+                "num_gpus": 1,
+            },
         },
         engine="scripted",
     )
@@ -74,7 +71,7 @@ def solo(serve_port: int) -> Iterator[tuple[ServeArgs, Any]]:
     from genrm_serve.engines.worker import create_engine_worker
 
     instances = build_instances(
-        model_path=_script(default="1", delay_s=0.3),
+        model_path=scripted_model_path(default="1", delay_s=0.3),
         engine="scripted",
         engine_config={"max_batch_size": 1, "max_queued_requests": 2},
     )
@@ -97,28 +94,11 @@ def solo(serve_port: int) -> Iterator[tuple[ServeArgs, Any]]:
     yield args, handle
 
 
-def _post(args: ServeArgs, path: str, body: Any, **kw: Any) -> httpx.Response:
-    return httpx.post(f"{args.url}{path}", json=body, timeout=30.0, **kw)
-
-
-def _get(args: ServeArgs, path: str, **kw: Any) -> httpx.Response:
-    return httpx.get(f"{args.url}{path}", timeout=30.0, **kw)
-
-
-def _counter(text: str, name: str, **labels: str) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        m = re.match(rf"{name}(?:\{{(.*)\}})? (\S+)$", line)
-        if m and ",".join(sorted((m.group(1) or "").split(","))).strip(",") == want:
-            return float(m.group(2))
-    raise AssertionError(f"no sample {name}{{{want}}} in metrics")
-
-
 # ---- health ----------------------------------------------------------------------------------
 
 
 def test_health_two_instances_lists_each(multi: ServeArgs) -> None:
-    r = _get(multi, "/health")
+    r = get(multi, "/health")
     assert r.status_code == 200
     assert r.json() == {
         "status": "healthy",
@@ -129,7 +109,7 @@ def test_health_two_instances_lists_each(multi: ServeArgs) -> None:
 
 def test_health_one_instance_is_exactly_the_spec_body(solo: tuple[ServeArgs, Any]) -> None:
     args, _ = solo
-    r = _get(args, "/health")  # no API key needed for health
+    r = get(args, "/health")  # no API key needed for health
     assert r.status_code == 200
     assert r.json() == {"status": "healthy", "service": "genrm"}
 
@@ -141,7 +121,7 @@ def test_requests_reach_the_instance_named_by_route_key(multi: ServeArgs) -> Non
     seen: dict[str, set[str]] = {"quality": set(), "safety": set()}
     for _ in range(8):
         for key in ("quality", "safety"):
-            r = _post(multi, "/generate", {"messages": [USER], "route_key": key})
+            r = post(multi, "/generate", {"messages": [USER], "route_key": key})
             assert r.status_code == 200, r.text
             body = r.json()
             prefix, route_key, engine_id = body["response"].split("|")
@@ -153,30 +133,30 @@ def test_requests_reach_the_instance_named_by_route_key(multi: ServeArgs) -> Non
 
 
 def test_a_prefix_keys_requests_reach_one_engine_single_and_batched(multi: ServeArgs) -> None:
-    before = _counter(
-        _get(multi, "/metrics").text, "genrm_affinity_requests", route_key="quality", routed="home"
+    before = metric(
+        get(multi, "/metrics").text, "genrm_affinity_requests", route_key="quality", routed="home"
     )
     seen: dict[str, set[str]] = {f"group-{g}": set() for g in range(6)}
     for _ in range(3):  # spread: one request of each group at a time
         for key in seen:
             body = {"messages": [USER], "route_key": "quality", "prefix_key": key}
-            r = _post(multi, "/generate", body)
+            r = post(multi, "/generate", body)
             assert r.status_code == 200, r.text
             seen[key].add(r.json()["meta"]["engine_id"])
     reqs = [{"messages": [USER], "route_key": "quality", "prefix_key": key} for key in seen] * 2
-    r = _post(multi, "/generate_batch", {"requests": reqs})
+    r = post(multi, "/generate_batch", {"requests": reqs})
     assert r.status_code == 200, r.text
     for req, res in zip(reqs, r.json()["results"], strict=True):
         seen[req["prefix_key"]].add(res["meta"]["engine_id"])
     assert all(len(engines) == 1 for engines in seen.values()), seen
     assert set.union(*seen.values()) == {"quality/0", "quality/1"}  # keys use both engines
-    text = _get(multi, "/metrics").text
-    home = _counter(text, "genrm_affinity_requests", route_key="quality", routed="home")
+    text = get(multi, "/metrics").text
+    home = metric(text, "genrm_affinity_requests", route_key="quality", routed="home")
     assert home - before == 30
 
 
 def test_standalone_engines_live_in_their_instance_placement_group(multi: ServeArgs) -> None:
-    engines = _get(multi, "/engines").json()["instances"]
+    engines = get(multi, "/engines").json()["instances"]
     pgs = {}
     for key, slots in engines.items():
         for s in slots:
@@ -190,13 +170,13 @@ def test_standalone_engines_live_in_their_instance_placement_group(multi: ServeA
 
 
 def test_no_route_key_on_a_service_without_default_is_404(multi: ServeArgs) -> None:
-    r = _post(multi, "/generate", {"messages": [USER]})
+    r = post(multi, "/generate", {"messages": [USER]})
     assert r.status_code == 404
     assert r.json()["error"]["registered_route_keys"] == ["quality", "safety"]
 
 
 def test_unknown_route_key_is_404_naming_it_and_the_registered_keys(multi: ServeArgs) -> None:
-    r = _post(multi, "/generate", {"messages": [USER], "route_key": "helpfulness"})
+    r = post(multi, "/generate", {"messages": [USER], "route_key": "helpfulness"})
     assert r.status_code == 404
     err = r.json()["error"]
     assert err["type"] == "unknown_route_key"
@@ -228,12 +208,12 @@ def test_unknown_route_key_is_404_naming_it_and_the_registered_keys(multi: Serve
 def test_malformed_body_is_422_and_the_service_keeps_serving(
     multi: ServeArgs, body: dict[str, Any]
 ) -> None:
-    r = _post(multi, "/generate", body)
+    r = post(multi, "/generate", body)
     assert r.status_code == 422
     err = r.json()["error"]
     assert err["type"] == "invalid_request"
     assert err["message"].startswith("invalid request:")
-    ok = _post(multi, "/generate", {"messages": [USER], "route_key": "safety"})
+    ok = post(multi, "/generate", {"messages": [USER], "route_key": "safety"})
     assert ok.status_code == 200
 
 
@@ -250,7 +230,7 @@ def test_invalid_json_is_422(multi: ServeArgs) -> None:
 
 def test_prompt_over_max_context_len_is_413(multi: ServeArgs) -> None:
     long = {"role": "user", "content": "word " * 60}  # quality: max_context_len 50 words
-    r = _post(multi, "/generate", {"messages": [long], "route_key": "quality"})
+    r = post(multi, "/generate", {"messages": [long], "route_key": "quality"})
     assert r.status_code == 413
     err = r.json()["error"]
     assert err["type"] == "prompt_too_long"
@@ -258,7 +238,7 @@ def test_prompt_over_max_context_len_is_413(multi: ServeArgs) -> None:
 
 
 def test_sampling_params_reach_the_engine(multi: ServeArgs) -> None:
-    r = _post(
+    r = post(
         multi,
         "/generate",
         {"messages": [USER], "route_key": "safety", "sampling_params": {"stop": ["|"]}},
@@ -275,7 +255,7 @@ def test_generate_batch_answers_each_request_in_order(multi: ServeArgs) -> None:
     keys = ["safety", "quality", "nope", "quality", "safety"] * 4
     reqs = [{"messages": [USER], "route_key": k} for k in keys]
     reqs[3] = {"messages": [long], "route_key": "quality"}
-    r = _post(multi, "/generate_batch", {"requests": reqs})
+    r = post(multi, "/generate_batch", {"requests": reqs})
     assert r.status_code == 200
     results = r.json()["results"]
     assert len(results) == len(reqs)
@@ -292,7 +272,7 @@ def test_generate_batch_answers_each_request_in_order(multi: ServeArgs) -> None:
 
 
 def test_openai_chat_completions_routes_by_model(multi: ServeArgs) -> None:
-    r = _post(
+    r = post(
         multi,
         "/v1/chat/completions",
         {"model": "safety", "messages": [USER], "temperature": 0.0, "max_tokens": 4},
@@ -306,15 +286,15 @@ def test_openai_chat_completions_routes_by_model(multi: ServeArgs) -> None:
     assert body["usage"]["total_tokens"] == (
         body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
     )
-    models = _get(multi, "/v1/models").json()
+    models = get(multi, "/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["quality", "safety"]
 
 
 def test_openai_unknown_model_and_unsupported_options(multi: ServeArgs) -> None:
-    r = _post(multi, "/v1/chat/completions", {"model": "gpt-4", "messages": [USER]})
+    r = post(multi, "/v1/chat/completions", {"model": "gpt-4", "messages": [USER]})
     assert r.status_code == 404
     assert "route_key=gpt-4" in r.json()["error"]["message"]
-    r = _post(multi, "/v1/chat/completions", {"model": "safety", "messages": [USER], "n": 3})
+    r = post(multi, "/v1/chat/completions", {"model": "safety", "messages": [USER], "n": 3})
     assert r.status_code == 422
     assert "n" in r.json()["error"]["message"]
 
@@ -323,54 +303,54 @@ def test_openai_unknown_model_and_unsupported_options(multi: ServeArgs) -> None:
 
 
 def test_metrics_counters_move(multi: ServeArgs) -> None:
-    before = _get(multi, "/metrics").text
+    before = get(multi, "/metrics").text
     for _ in range(3):
-        assert _post(multi, "/generate", {"messages": [USER], "route_key": "safety"}).is_success
-    _post(multi, "/generate", {"messages": [USER], "route_key": "zzz"})
-    after = _get(multi, "/metrics")
+        assert post(multi, "/generate", {"messages": [USER], "route_key": "safety"}).is_success
+    post(multi, "/generate", {"messages": [USER], "route_key": "zzz"})
+    after = get(multi, "/metrics")
     assert after.headers["content-type"].startswith("text/plain")
     text = after.text
     ok = {"route_key": "safety", "outcome": "success"}
     assert (
-        _counter(text, "genrm_requests_total", **ok)
-        == _counter(before, "genrm_requests_total", **ok) + 3
+        metric(text, "genrm_requests_total", **ok)
+        == metric(before, "genrm_requests_total", **ok) + 3
     )
-    assert _counter(text, "genrm_prompt_tokens_total", route_key="safety") > _counter(
+    assert metric(text, "genrm_prompt_tokens_total", route_key="safety") > metric(
         before, "genrm_prompt_tokens_total", route_key="safety"
     )
-    assert _counter(text, "genrm_request_latency_seconds_count", route_key="safety") >= 3
-    assert _counter(text, "genrm_unknown_route_key_requests_total") >= 1
-    assert _counter(text, "genrm_engines_total", route_key="quality") == 2
-    assert _counter(text, "genrm_engines_healthy", route_key="quality") == 2
-    assert _counter(text, "genrm_instance_asleep", route_key="safety") == 0
-    assert _counter(text, "genrm_requests_in_flight", route_key="safety") == 0
-    assert _counter(text, "genrm_requests_queued", route_key="safety") == 0
+    assert metric(text, "genrm_request_latency_seconds_count", route_key="safety") >= 3
+    assert metric(text, "genrm_unknown_route_key_requests_total") >= 1
+    assert metric(text, "genrm_engines_total", route_key="quality") == 2
+    assert metric(text, "genrm_engines_healthy", route_key="quality") == 2
+    assert metric(text, "genrm_instance_asleep", route_key="safety") == 0
+    assert metric(text, "genrm_requests_in_flight", route_key="safety") == 0
+    assert metric(text, "genrm_requests_queued", route_key="safety") == 0
 
 
 # ---- sleep / wake ----------------------------------------------------------------------------
 
 
 def test_sleep_and_wake_one_instance(multi: ServeArgs) -> None:
-    r = _post(multi, "/sleep", {"route_key": "safety"})
+    r = post(multi, "/sleep", {"route_key": "safety"})
     assert r.status_code == 200 and r.json()["route_keys"] == ["safety"]
-    health = _get(multi, "/health")
+    health = get(multi, "/health")
     assert health.status_code == 200
     assert health.json()["instances"]["safety"]["status"] == "asleep"
-    refused = _post(multi, "/generate", {"messages": [USER], "route_key": "safety"})
+    refused = post(multi, "/generate", {"messages": [USER], "route_key": "safety"})
     assert refused.status_code == 503
     assert refused.json()["error"]["type"] == "instance_asleep"
     assert "Retry-After" in refused.headers
-    assert _post(multi, "/generate", {"messages": [USER], "route_key": "quality"}).is_success
-    metrics = _get(multi, "/metrics").text
-    assert _counter(metrics, "genrm_instance_asleep", route_key="safety") == 1
-    r = _post(multi, "/wake_up", None, params={"route_key": "safety"})
+    assert post(multi, "/generate", {"messages": [USER], "route_key": "quality"}).is_success
+    metrics = get(multi, "/metrics").text
+    assert metric(metrics, "genrm_instance_asleep", route_key="safety") == 1
+    r = post(multi, "/wake_up", None, params={"route_key": "safety"})
     assert r.status_code == 200 and r.json() == {"status": "awake", "route_keys": ["safety"]}
-    assert _post(multi, "/generate", {"messages": [USER], "route_key": "safety"}).is_success
-    assert _get(multi, "/health").json()["instances"]["safety"] == {"status": "healthy"}
+    assert post(multi, "/generate", {"messages": [USER], "route_key": "safety"}).is_success
+    assert get(multi, "/health").json()["instances"]["safety"] == {"status": "healthy"}
 
 
 def test_sleep_unknown_route_key_is_404(multi: ServeArgs) -> None:
-    assert _post(multi, "/sleep", {"route_key": "nope"}).status_code == 404
+    assert post(multi, "/sleep", {"route_key": "nope"}).status_code == 404
 
 
 # ---- API key ---------------------------------------------------------------------------------
@@ -379,13 +359,13 @@ def test_sleep_unknown_route_key_is_404(multi: ServeArgs) -> None:
 def test_api_key_is_enforced(solo: tuple[ServeArgs, Any]) -> None:
     args, _ = solo
     body = {"messages": [USER]}
-    assert _post(args, "/generate", body).status_code == 401
-    wrong = _post(args, "/generate", body, headers={"Authorization": "Bearer nope"})
+    assert post(args, "/generate", body).status_code == 401
+    wrong = post(args, "/generate", body, headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401
     assert wrong.json()["error"]["type"] == "unauthorized"
-    assert _get(args, "/metrics").status_code == 401
-    assert _post(args, "/generate", {"bad": 1}).status_code == 401  # before body validation
-    ok = _post(args, "/generate", body, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert get(args, "/metrics").status_code == 401
+    assert post(args, "/generate", {"bad": 1}).status_code == 401  # before body validation
+    ok = post(args, "/generate", body, headers={"Authorization": f"Bearer {API_KEY}"})
     assert ok.status_code == 200 and ok.json()["response"] == "1"
 
 
@@ -423,7 +403,7 @@ def test_overload_is_429_with_retry_after(solo: tuple[ServeArgs, Any]) -> None:
 def _wait_health(args: ServeArgs, status: int, timeout_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
-        r = _get(args, "/health")
+        r = get(args, "/health")
         if r.status_code == status:
             return dict(r.json())
         assert time.monotonic() < deadline, f"health stayed {r.status_code}: {r.text}"
@@ -431,13 +411,13 @@ def _wait_health(args: ServeArgs, status: int, timeout_s: float) -> dict[str, An
 
 
 def test_killed_engine_fails_over_then_restarts_and_rejoins(multi: ServeArgs) -> None:
-    engines = _get(multi, "/engines").json()["instances"]["quality"]
+    engines = get(multi, "/engines").json()["instances"]["quality"]
     victim = engines[0]
     actor = ray.get_actor(victim["actor_name"], namespace=victim["namespace"])
     ray.kill(actor)
     # Traffic keeps flowing: a request that lands on the dead engine is retried on the other.
     for _ in range(6):
-        r = _post(multi, "/generate", {"messages": [USER], "route_key": "quality"})
+        r = post(multi, "/generate", {"messages": [USER], "route_key": "quality"})
         assert r.status_code == 200, r.text
         assert r.json()["meta"]["engine_id"] == "quality/1"
     down = _wait_health(multi, 503, 15)
@@ -445,11 +425,11 @@ def test_killed_engine_fails_over_then_restarts_and_rejoins(multi: ServeArgs) ->
     assert q["status"] == "degraded" and q["engines_healthy"] == 1 and q["engines_total"] == 2
     assert down["instances"]["safety"] == {"status": "healthy"}
     _wait_health(multi, 200, 60)
-    after = _get(multi, "/engines").json()["instances"]["quality"]
+    after = get(multi, "/engines").json()["instances"]["quality"]
     assert after[0]["restarts"] == 1 and after[0]["state"] == "healthy"
     seen = set()
     for _ in range(6):
-        r = _post(multi, "/generate", {"messages": [USER], "route_key": "quality"})
+        r = post(multi, "/generate", {"messages": [USER], "route_key": "quality"})
         assert r.status_code == 200
         seen.add(r.json()["meta"]["engine_id"])
     assert seen == {"quality/0", "quality/1"}
@@ -472,13 +452,13 @@ async def test_client_routes_by_key_and_reads_health(multi: ServeArgs) -> None:
 async def test_client_raises_unknown_route_key_at_once(multi: ServeArgs) -> None:
     from genrm_client import AsyncGenRMClient, UnknownRouteKeyError
 
-    before = _counter(_get(multi, "/metrics").text, "genrm_unknown_route_key_requests_total")
+    before = metric(get(multi, "/metrics").text, "genrm_unknown_route_key_requests_total")
     async with AsyncGenRMClient(multi.url, max_retries=5) as client:
         with pytest.raises(UnknownRouteKeyError) as info:
             await client.generate([USER], route_key="helpfulness")
     assert info.value.route_key == "helpfulness"
     assert "No GenRM instance registered for route_key=helpfulness" in str(info.value)
-    after = _counter(_get(multi, "/metrics").text, "genrm_unknown_route_key_requests_total")
+    after = metric(get(multi, "/metrics").text, "genrm_unknown_route_key_requests_total")
     assert after == before + 1  # one attempt: a 404 is never retried
 
 
@@ -486,14 +466,14 @@ async def test_client_retries_through_overload(solo: tuple[ServeArgs, Any]) -> N
     from genrm_client import AsyncGenRMClient
 
     args, _ = solo
-    before = _get(args, "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    before = get(args, "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
     async with AsyncGenRMClient(args.url, api_key=API_KEY, max_retries=10, timeout=60) as c:
         texts = await asyncio.gather(*(c.generate([USER]) for _ in range(10)))
     assert texts == ["1"] * 10
-    after = _get(args, "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    after = get(args, "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
     labels = {"route_key": DEFAULT_ROUTE_KEY, "outcome": "overloaded"}
     # The service did refuse some of them (429) and the client's retries got them through.
-    assert _counter(after, "genrm_requests_total", **labels) > _counter(
+    assert metric(after, "genrm_requests_total", **labels) > metric(
         before, "genrm_requests_total", **labels
     )
 
@@ -503,7 +483,7 @@ def test_engine_restarted_by_ray_is_started_again_and_rejoins(
 ) -> None:
     args, handle = solo
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    assert _post(args, "/generate", {"messages": [USER]}, headers=headers).status_code == 200
+    assert post(args, "/generate", {"messages": [USER]}, headers=headers).status_code == 200
     assert ray.get(handle.stats.remote(), timeout=30)["batches"] > 0
     ray.kill(handle, no_restart=False)  # Ray restarts the actor; its model must be loaded again
 
@@ -522,7 +502,7 @@ def test_engine_restarted_by_ray_is_started_again_and_rejoins(
         assert time.monotonic() < deadline, "the restarted actor was not started again"
         time.sleep(0.1)
     _wait_health(args, 200, 60)
-    r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
+    r = post(args, "/generate", {"messages": [USER]}, headers=headers)
     assert r.status_code == 200 and r.json()["response"] == "1"
 
 
@@ -534,12 +514,12 @@ def test_engines_slept_on_their_actors_answer_instance_asleep(
     headers = {"Authorization": f"Bearer {API_KEY}"}
     ray.get(handle.sleep.remote(), timeout=30)
     try:
-        r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
+        r = post(args, "/generate", {"messages": [USER]}, headers=headers)
         assert r.status_code == 503
         assert r.json()["error"]["type"] == "instance_asleep"
     finally:
         ray.get(handle.wake.remote(), timeout=30)
-    r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
+    r = post(args, "/generate", {"messages": [USER]}, headers=headers)
     assert r.status_code == 200
 
 
@@ -551,7 +531,7 @@ def test_an_engine_past_the_deadline_is_504_and_the_service_recovers(
     slow_s = SOLO_TIMEOUT_S + 1.5
     ray.get(handle.control.remote("set_delay", slow_s), timeout=30)
     try:
-        r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
+        r = post(args, "/generate", {"messages": [USER]}, headers=headers)
         assert r.status_code == 504
         err = r.json()["error"]
         assert err["type"] == "timeout"
@@ -559,7 +539,7 @@ def test_an_engine_past_the_deadline_is_504_and_the_service_recovers(
     finally:
         ray.get(handle.control.remote("set_delay", 0.3), timeout=30)
     time.sleep(slow_s - SOLO_TIMEOUT_S + 0.5)  # the engine finishes the slow batch it had started
-    r = _post(args, "/generate", {"messages": [USER]}, headers=headers)
+    r = post(args, "/generate", {"messages": [USER]}, headers=headers)
     assert r.status_code == 200
 
 
@@ -582,7 +562,7 @@ def test_a_body_over_the_limit_is_413_before_parsing(multi: ServeArgs) -> None:
     # Not JSON at all, and over the limit: still 413 (nothing was parsed), not 422.
     junk = httpx.post(f"{multi.url}/generate", content=b"\xff" * (limit + 10), timeout=60)
     assert junk.status_code == 413
-    ok = _post(multi, "/generate", {"messages": [USER], "route_key": "safety"})
+    ok = post(multi, "/generate", {"messages": [USER], "route_key": "safety"})
     assert ok.status_code == 200
 
 
@@ -603,7 +583,7 @@ def test_a_streamed_body_is_counted_and_refused_past_the_limit(multi: ServeArgs)
 
 def test_max_response_len_over_max_context_len_is_422_naming_the_field(multi: ServeArgs) -> None:
     # quality: max_context_len 50
-    r = _post(
+    r = post(
         multi,
         "/generate",
         {
@@ -617,13 +597,13 @@ def test_max_response_len_over_max_context_len_is_422_naming_the_field(multi: Se
     assert err["type"] == "invalid_request"
     assert f"sampling_params.max_response_len={10**12}" in err["message"]
     assert "max_context_len=50" in err["message"]
-    at = _post(
+    at = post(
         multi,
         "/generate",
         {"messages": [USER], "route_key": "quality", "sampling_params": {"max_response_len": 50}},
     )
     assert at.status_code == 200
-    batch = _post(
+    batch = post(
         multi,
         "/generate_batch",
         {
@@ -642,7 +622,7 @@ def test_max_response_len_over_max_context_len_is_422_naming_the_field(multi: Se
     assert first["response"].startswith("q|quality|")
     assert second["error"]["type"] == "invalid_request"
     assert "requests[1].sampling_params.max_response_len=51" in second["error"]["message"]
-    chat = _post(
+    chat = post(
         multi,
         "/v1/chat/completions",
         {"model": "quality", "messages": [USER], "max_tokens": 10**12},
@@ -657,14 +637,14 @@ def test_max_response_len_over_max_context_len_is_422_naming_the_field(multi: Se
 async def test_requests_wait_for_a_killed_engine_to_be_recreated(multi: ServeArgs) -> None:
     """safety has one engine: with it killed, requests sent at once (some reach the dead actor,
     some arrive while it is re-created) are all answered by the new one, none fails."""
-    (victim,) = _get(multi, "/engines").json()["instances"]["safety"]
+    (victim,) = get(multi, "/engines").json()["instances"]["safety"]
     ray.kill(ray.get_actor(victim["actor_name"], namespace=victim["namespace"]))
     body = {"messages": [USER], "route_key": "safety"}
     async with httpx.AsyncClient(base_url=multi.url, timeout=60.0) as client:
         replies = await asyncio.gather(*(client.post("/generate", json=body) for _ in range(8)))
     assert [r.status_code for r in replies] == [200] * 8, [r.text for r in replies]
     assert {r.json()["response"] for r in replies} == {"s|safety|safety/0"}
-    (after,) = _get(multi, "/engines").json()["instances"]["safety"]
+    (after,) = get(multi, "/engines").json()["instances"]["safety"]
     assert after["restarts"] == victim["restarts"] + 1 and after["state"] == "healthy"
 
 
@@ -692,9 +672,9 @@ def test_an_engine_that_cannot_start_fails_the_service_start_with_its_error(
         with pytest.raises(EngineStartError, match=r"__default__/0: failed .*judge-script\.json"):
             wait_until_healthy(args, 600)
         assert time.monotonic() - start < 60
-        (engine,) = _get(args, "/engines").json()["instances"][DEFAULT_ROUTE_KEY]
+        (engine,) = get(args, "/engines").json()["instances"][DEFAULT_ROUTE_KEY]
         assert engine["state"] == "failed" and engine["restarts"] == 1
-        refused = _post(args, "/generate", {"messages": [USER]})
+        refused = post(args, "/generate", {"messages": [USER]})
         assert refused.status_code == 503 and "judge-script.json" in refused.text
     finally:
         serve.delete("broken")
@@ -708,8 +688,8 @@ def failing(serve_port: int) -> Iterator[ServeArgs]:
     """Engines that answer every generate with an error (but pass their health probes)."""
     instances = build_instances(
         instances={
-            "pair": {"model_path": _script(fail_every=1), "num_gpus": 2},
-            "single": {"model_path": _script(fail_every=1), "num_gpus": 1},
+            "pair": {"model_path": scripted_model_path(fail_every=1), "num_gpus": 2},
+            "single": {"model_path": scripted_model_path(fail_every=1), "num_gpus": 1},
         },
         engine="scripted",
     )
@@ -728,7 +708,7 @@ def failing(serve_port: int) -> Iterator[ServeArgs]:
 
 def _engine_calls(args: ServeArgs, route_key: str) -> int:
     total = 0
-    for s in _get(args, "/engines").json()["instances"][route_key]:
+    for s in get(args, "/engines").json()["instances"][route_key]:
         actor = ray.get_actor(s["actor_name"], namespace=s["namespace"])
         total += int(ray.get(actor.stats.remote(), timeout=30)["calls"])
     return total
@@ -745,7 +725,7 @@ async def test_a_failed_over_request_is_not_retried_by_the_client(failing: Serve
     assert "1 attempt(s)" in str(info.value)  # x-should-retry: false was honoured
     # Once on each engine (the router's failover), never again: 2, not (1 + 3) x 2 = 8.
     assert _engine_calls(failing, "pair") - before == 2
-    r = _post(failing, "/generate", {"messages": [USER], "route_key": "pair"})
+    r = post(failing, "/generate", {"messages": [USER], "route_key": "pair"})
     assert r.status_code == 503 and r.headers["x-should-retry"] == "false"
     assert "retry-after" not in r.headers
 
@@ -762,6 +742,6 @@ async def test_with_no_engine_to_fail_over_to_the_client_owns_the_retry(
     assert info.value.status == 503
     # One engine: the router cannot fail over, so each of the 1 + 2 client attempts ran once.
     assert _engine_calls(failing, "single") - before == 3
-    r = _post(failing, "/generate", {"messages": [USER], "route_key": "single"})
+    r = post(failing, "/generate", {"messages": [USER], "route_key": "single"})
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert "x-should-retry" not in r.headers

@@ -19,6 +19,7 @@ import ray
 from prometheus_client import generate_latest
 from ray import serve
 from ray.serve.schema import ReplicaState  # type: ignore[attr-defined]
+from service_calls import USER, get, metric, post
 
 from genrm_client.types import DEFAULT_ROUTE_KEY
 from genrm_serve.app import build_app, deploy, wait_until_healthy
@@ -26,8 +27,7 @@ from genrm_serve.config import build_instances
 from genrm_serve.metrics import ServiceMetrics
 from genrm_serve.metrics_hub import PUBLISH_PERIOD_S, merge_expositions
 from genrm_serve.serve_args import ServeArgs
-
-from .test_service_http import USER, _counter, _get, _post, _script
+from genrm_serve.testing import scripted_model_path
 
 APP = "replicas"
 REPLICAS = 2
@@ -36,7 +36,7 @@ REPLICAS = 2
 @pytest.fixture(scope="module")
 def service(serve_port: int) -> Iterator[ServeArgs]:
     instances = build_instances(
-        model_path=_script(default="1|{engine_id}"),
+        model_path=scripted_model_path(default="1|{engine_id}"),
         num_gpus=2,
         engine="scripted",
         engine_config={"max_batch_size": 8},
@@ -72,7 +72,7 @@ def _every_replica(args: ServeArgs, path: str, want: Any, timeout_s: float = 15.
     deadline = time.monotonic() + timeout_s
     in_row = 0
     while in_row < 8:
-        r = _get(args, path)
+        r = get(args, path)
         in_row = in_row + 1 if want(r) else 0
         assert time.monotonic() < deadline, f"{path}: {r.status_code} {r.text}"
         if not in_row:
@@ -97,20 +97,20 @@ def test_the_replicas_run_and_the_engines_are_created_once(service: ServeArgs) -
 def test_metrics_add_up_over_the_replicas(service: ServeArgs) -> None:
     ok = {"route_key": DEFAULT_ROUTE_KEY, "outcome": "success"}
     time.sleep(2 * PUBLISH_PERIOD_S)
-    before = _counter(_get(service, "/metrics").text, "genrm_requests_total", **ok)
+    before = metric(get(service, "/metrics").text, "genrm_requests_total", **ok)
     assert all(r.status_code == 200 for r in _burst(service, 40))
     time.sleep(2 * PUBLISH_PERIOD_S)
     for _ in range(6):  # whichever replica answers the scrape
-        text = _get(service, "/metrics").text
-        assert _counter(text, "genrm_requests_total", **ok) == before + 40
-        assert _counter(text, "genrm_engines_total", route_key=DEFAULT_ROUTE_KEY) == 2
-        assert _counter(text, "genrm_engines_healthy", route_key=DEFAULT_ROUTE_KEY) == 2
-        latency = _counter(text, "genrm_request_latency_seconds_count", route_key=DEFAULT_ROUTE_KEY)
+        text = get(service, "/metrics").text
+        assert metric(text, "genrm_requests_total", **ok) == before + 40
+        assert metric(text, "genrm_engines_total", route_key=DEFAULT_ROUTE_KEY) == 2
+        assert metric(text, "genrm_engines_healthy", route_key=DEFAULT_ROUTE_KEY) == 2
+        latency = metric(text, "genrm_request_latency_seconds_count", route_key=DEFAULT_ROUTE_KEY)
         assert latency == before + 40
 
 
 def test_one_sleep_and_one_wake_hold_on_every_replica(service: ServeArgs) -> None:
-    assert _post(service, "/sleep", None).status_code == 200
+    assert post(service, "/sleep", None).status_code == 200
     refused = _burst(service, 16)
     assert {r.status_code for r in refused} == {503}, [r.text for r in refused]
     assert {r.json()["error"]["type"] for r in refused} == {"instance_asleep"}
@@ -118,7 +118,7 @@ def test_one_sleep_and_one_wake_hold_on_every_replica(service: ServeArgs) -> Non
     _every_replica(
         service, "/health", lambda r: r.json().get("instances") == {DEFAULT_ROUTE_KEY: asleep}
     )
-    assert _post(service, "/wake_up", None).status_code == 200
+    assert post(service, "/wake_up", None).status_code == 200
     # Awake at once for every replica, also one that last saw the engines asleep.
     assert [r.status_code for r in _burst(service, 16)] == [200] * 16
     _every_replica(
@@ -129,7 +129,7 @@ def test_one_sleep_and_one_wake_hold_on_every_replica(service: ServeArgs) -> Non
 def test_a_killed_engine_is_recreated_once_and_every_replica_finds_it(
     service: ServeArgs,
 ) -> None:
-    victim = _get(service, "/engines").json()["instances"][DEFAULT_ROUTE_KEY][0]
+    victim = get(service, "/engines").json()["instances"][DEFAULT_ROUTE_KEY][0]
     name, namespace = victim["actor_name"], victim["namespace"]
     old = ray.get_actor(name, namespace=namespace)
     old_pid = ray.get(old.info.remote())["pid"]  # type: ignore[call-overload]
@@ -146,8 +146,8 @@ def test_a_killed_engine_is_recreated_once_and_every_replica_finds_it(
         f"{DEFAULT_ROUTE_KEY}/1",
     }
     time.sleep(2 * PUBLISH_PERIOD_S)
-    text = _get(service, "/metrics").text
-    assert _counter(text, "genrm_engine_restarts", route_key=DEFAULT_ROUTE_KEY) == 1
+    text = get(service, "/metrics").text
+    assert metric(text, "genrm_engine_restarts", route_key=DEFAULT_ROUTE_KEY) == 1
 
 
 def test_merged_metrics_sum_the_requests_and_count_the_engines_once() -> None:
@@ -160,10 +160,10 @@ def test_merged_metrics_sum_the_requests_and_count_the_engines_once() -> None:
         prom.engines_total.labels(route_key="j").set(2)
         expositions.append(generate_latest(prom.registry))
     merged = merge_expositions(expositions).decode()
-    assert _counter(merged, "genrm_requests_total", route_key="j", outcome="success") == 5
-    assert _counter(merged, "genrm_prompt_tokens_total", route_key="j") == 50
-    assert _counter(merged, "genrm_request_latency_seconds_count", route_key="j") == 5
-    assert _counter(merged, "genrm_request_latency_seconds_bucket", route_key="j", le="0.025") == 2
-    latency_sum = _counter(merged, "genrm_request_latency_seconds_sum", route_key="j")
+    assert metric(merged, "genrm_requests_total", route_key="j", outcome="success") == 5
+    assert metric(merged, "genrm_prompt_tokens_total", route_key="j") == 50
+    assert metric(merged, "genrm_request_latency_seconds_count", route_key="j") == 5
+    assert metric(merged, "genrm_request_latency_seconds_bucket", route_key="j", le="0.025") == 2
+    latency_sum = metric(merged, "genrm_request_latency_seconds_sum", route_key="j")
     assert latency_sum == pytest.approx(3.26)
-    assert _counter(merged, "genrm_engines_total", route_key="j") == 2  # the same engines
+    assert metric(merged, "genrm_engines_total", route_key="j") == 2  # the same engines

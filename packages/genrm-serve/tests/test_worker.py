@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
 )
 from genrm_serve.engines.worker import EngineWorker, create_engine_worker
-from genrm_serve.testing import build_tiny_model
+from genrm_serve.testing import build_tiny_model, scripted_model_path
 
 TIMEOUT = 60
 
@@ -32,7 +31,7 @@ TIMEOUT = 60
 def _spec(script: dict[str, object], **engine_config: object) -> InstanceSpec:
     return InstanceSpec(
         route_key="judge",
-        model_path="scripted:" + json.dumps(script),
+        model_path=scripted_model_path(**script),
         num_gpus=1,
         engine_config=EngineConfig(**engine_config),  # type: ignore[arg-type]
     )

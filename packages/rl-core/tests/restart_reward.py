@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from genrm_serve.testing import scripted_model_path
+
 
 def restart_run_argv(
     root: Path, model: Path, data: Path, name: str, steps: int, *extra: str
@@ -21,7 +23,7 @@ def restart_run_argv(
         "__default__": {
             # a judge call takes 0.1 s: the steps after the first last long enough for a
             # kill at a random time to land inside them
-            "model_path": "scripted:" + json.dumps({"default": "1", "delay_s": 0.1}),
+            "model_path": scripted_model_path(default="1", delay_s=0.1),
             "num_gpus": 1,
             "engine": "scripted",
         }

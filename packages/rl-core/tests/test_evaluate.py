@@ -8,6 +8,7 @@ from itertools import combinations
 
 import pytest
 
+from genrm_serve.testing import scripted_model_path
 from rl_core import evaluate
 from rl_core.evaluation import pass_at_k, pass_at_k_metrics, pass_k_values
 from rl_core.sample import Sample
@@ -276,7 +277,7 @@ async def test_eval_reproduces_the_runs_last_eval_figure(tmp_path, monkeypatch, 
     replies = {f"| {c}": "1" for c in "aeiou02468"}
     judge = {
         "__default__": {
-            "model_path": "scripted:" + json.dumps({"default": "0", "replies": replies}),
+            "model_path": scripted_model_path(default="0", replies=replies),
             "num_gpus": 1,
             "engine": "scripted",
         }

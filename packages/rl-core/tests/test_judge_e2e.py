@@ -7,7 +7,6 @@ advantages follow them, judge failures are masked, and the defer-swap hook sleep
 judge through the service.
 """
 
-import json
 import os
 from types import SimpleNamespace
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 from tiny_grpo import local_stack, make_trainer
 
-from genrm_serve.testing import local_ray_serve
+from genrm_serve.testing import local_ray_serve, scripted_model_path
 from rl_core.config import build_config
 from rl_core.metrics import read_metrics
 from rl_core.rewards import RewardSetup, defer_swap_post_process
@@ -24,10 +23,6 @@ from rl_core.services import JudgeSleeper
 pytestmark = pytest.mark.slow
 
 FIRST_CHARS = "aeiou0123456789"
-
-
-def _script(**kw):
-    return "scripted:" + json.dumps(kw)
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +38,18 @@ def judge():
     replies = {f"| {c}": "1" for c in FIRST_CHARS}
     instances = build_instances(
         instances={
-            "__default__": {"model_path": _script(default="0", replies=replies), "num_gpus": 1},
+            "__default__": {
+                "model_path": scripted_model_path(default="0", replies=replies),
+                "num_gpus": 1,
+            },
             "flaky": {
-                "model_path": _script(default="0", replies=replies, fail_when_contains="| q"),
+                "model_path": scripted_model_path(
+                    default="0", replies=replies, fail_when_contains="| q"
+                ),
                 "num_gpus": 1,
                 "engine_config": {"max_batch_size": 1},
             },
-            "down": {"model_path": _script(default="1", fail_every=1), "num_gpus": 1},
+            "down": {"model_path": scripted_model_path(default="1", fail_every=1), "num_gpus": 1},
         },
         engine="scripted",
     )

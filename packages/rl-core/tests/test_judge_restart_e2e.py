@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from genrm_serve.testing import scripted_model_path
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.launch import run_training
@@ -31,7 +32,7 @@ async def test_a_judge_engine_killed_mid_step_costs_no_reward(tmp_path, monkeypa
     script = {"default": "1", "crash_once_file": str(crashed), "start_delay_s": 8.0}
     judge = {
         "__default__": {
-            "model_path": "scripted:" + json.dumps(script),
+            "model_path": scripted_model_path(**script),
             "num_gpus": 1,
             "engine": "scripted",
         }

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from genrm_serve.engines.hf.snapshot import PREFIX as SNAPSHOT_PREFIX
+from genrm_serve.testing import scripted_model_path
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.launch import run_training
@@ -38,7 +39,7 @@ async def test_train_two_steps_from_flags(tmp_path, monkeypatch, shared_ray):
     replies = {f"| {c}": "1" for c in "aeiou0123456789"}
     judge = {
         "__default__": {
-            "model_path": "scripted:" + json.dumps({"default": "0", "replies": replies}),
+            "model_path": scripted_model_path(default="0", replies=replies),
             "num_gpus": 1,
             "engine": "scripted",
         }

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from genrm_serve.testing import scripted_model_path
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.launch import run_training
@@ -30,7 +31,7 @@ async def test_train_two_steps_with_pairwise_rewards(
     replies = {f"<<<BEGIN RESPONSE A>>>\n| {c}": "1" for c in "aeiouAEIOU0123456789"}
     judge = {
         "__default__": {
-            "model_path": "scripted:" + json.dumps({"default": "0", "replies": replies}),
+            "model_path": scripted_model_path(default="0", replies=replies),
             "num_gpus": 1,
             "engine": "scripted",
         }

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from genrm_serve.testing import scripted_model_path
 from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.metrics import read_metrics
 
@@ -26,7 +27,7 @@ STEPS = 4
 def _argv(tmp_path, model, *extra):
     judge = {
         "__default__": {
-            "model_path": "scripted:" + json.dumps({"default": "1", "delay_s": 0.05}),
+            "model_path": scripted_model_path(default="1", delay_s=0.05),
             "num_gpus": 1,
             "engine": "scripted",
         }

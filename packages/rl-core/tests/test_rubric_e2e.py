@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from genrm_serve.testing import scripted_model_path
 from rl_core.config import parse_train_args
 from rl_core.launch import run_training
 from rl_core.metrics import read_metrics
@@ -59,13 +60,14 @@ async def test_rubric_with_a_panel_trains_two_steps(
     replies = {f"| {c}": "1" for c in FIRST_CHARS}
     judges = {
         "strict": {
-            "model_path": "scripted:" + json.dumps({"default": "0", "replies": replies}),
+            "model_path": scripted_model_path(default="0", replies=replies),
             "num_gpus": 1,
             "engine": "scripted",
         },
         "kind": {
-            "model_path": "scripted:"
-            + json.dumps({"default": "1", "fail_when_contains": "[Criterion]:\nIs sparkly"}),
+            "model_path": scripted_model_path(
+                default="1", fail_when_contains="[Criterion]:\nIs sparkly"
+            ),
             "num_gpus": 1,
             "engine": "scripted",
             "engine_config": {"max_batch_size": 1},

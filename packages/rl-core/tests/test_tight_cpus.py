@@ -17,6 +17,7 @@ import pytest
 from ray_clusters import logical_gpu_cluster
 
 from genrm_serve import CapacityError, InstanceSpec, ServeArgs, check_service_fits
+from genrm_serve.testing import scripted_model_path
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math, write_prompt_data
 from rl_core.launch import run_training
@@ -54,7 +55,7 @@ async def test_eight_bundles_on_eight_cpus_finish(tmp_path: Path) -> None:
     data = write_prompt_data(tmp_path / "train.jsonl", make_easy_math(4, seed=1, shots=1))
     judge = {
         "__default__": {
-            "model_path": "scripted:" + json.dumps({"default": "1"}),
+            "model_path": scripted_model_path(default="1"),
             "num_gpus": 8,
             "engine": "scripted",
             "engine_config": {"mem_fraction_static": 0.3},

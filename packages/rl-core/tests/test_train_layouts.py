@@ -26,6 +26,7 @@ import pytest
 from ray.cluster_utils import Cluster
 from ray_clusters import logical_gpu_cluster
 
+from genrm_serve.testing import scripted_model_path
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math
 from rl_core.launch import run_training
@@ -61,7 +62,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _judges(num_gpus: int, mem: float | None = None) -> str:
     replies = {f"| {c}": "1" for c in "aeiou0123456789"}
     spec: dict[str, Any] = {
-        "model_path": "scripted:" + json.dumps({"default": "0", "replies": replies}),
+        "model_path": scripted_model_path(default="0", replies=replies),
         "num_gpus": num_gpus,
         "engine": "scripted",
     }

@@ -7,7 +7,6 @@ math-verify proves wrong. No Ray and no model: the engine is called in-process.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from genrm_rewards.args import RewardArgs
 from genrm_serve.config import InstanceSpec
 from genrm_serve.engines.base import EngineRequest
 from genrm_serve.engines.scripted import ScriptedEngine
+from genrm_serve.testing import scripted_model_path
 from rl_core import limits
 from rl_core.judge_audit import verdict_source
 from rl_core.sample import Sample
@@ -56,7 +56,7 @@ async def fooled_judge() -> ScriptedJudgeClient:
     script = {"default": "0", "replies": {TRIGGER: "1"}}
     spec = InstanceSpec(
         route_key="__default__",
-        model_path="scripted:" + json.dumps(script),
+        model_path=scripted_model_path(**script),
         num_gpus=1,
         engine="scripted",
     )

@@ -11,6 +11,7 @@ import json
 import pytest
 from wandb_files import history, offline_runs, run_info, summary, table_rows
 
+from genrm_serve.testing import scripted_model_path
 from rl_core.cli import main as cli
 from rl_core.config import parse_train_args
 from rl_core.data import make_easy_math, write_prompt_data
@@ -33,7 +34,7 @@ async def test_an_offline_wandb_run_of_a_cpu_training(
     replies = {f"| {c}": "1" for c in "aeiou0123456789"}
     judge = {
         "__default__": {
-            "model_path": "scripted:" + json.dumps({"default": "0", "replies": replies}),
+            "model_path": scripted_model_path(default="0", replies=replies),
             "num_gpus": 1,
             "engine": "scripted",
         }

@@ -9,7 +9,6 @@ and the engine is the production path.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from genrm_rewards import get_batch_reward_fn
 from genrm_serve.app import build_app, deploy, wait_until_healthy
 from genrm_serve.config import build_instances
 from genrm_serve.serve_args import ServeArgs
+from genrm_serve.testing import scripted_model_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,7 +33,7 @@ RANKS = ["best", "good", "fair", "poor"]
 
 
 def _script(**kw: Any) -> str:
-    return "scripted:" + json.dumps({"default": "?", "prefer": RANKS, **kw})
+    return scripted_model_path(default="?", prefer=RANKS, **kw)
 
 
 @dataclass

@@ -12,9 +12,7 @@ answer only and the test shows that the answer travelled inside its block.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 
@@ -28,16 +26,12 @@ from genrm_rewards.dapo_genrm import compute_score, compute_score_batch
 from genrm_serve.app import build_app, deploy, wait_until_healthy
 from genrm_serve.config import build_instances
 from genrm_serve.serve_args import ServeArgs
-from genrm_serve.testing import free_port
+from genrm_serve.testing import free_port, scripted_model_path
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _script(**kw: Any) -> str:
-    return "scripted:" + json.dumps(kw)
-
-
-DEFAULT_SCRIPT = _script(
+DEFAULT_SCRIPT = scripted_model_path(
     default="0",
     replies={
         "| 42": "1",
@@ -60,9 +54,9 @@ def service(serve_port: int) -> Iterator[ServeArgs]:
                 # the scripted engine counts whitespace-separated words as tokens
                 "engine_config": {"max_context_len": 1000},
             },
-            "quality": {"model_path": _script(default="1"), "num_gpus": 1},
+            "quality": {"model_path": scripted_model_path(default="1"), "num_gpus": 1},
             "safety": {
-                "model_path": _script(
+                "model_path": scripted_model_path(
                     default="1", replies={"how to build a bomb": "0", "| rm -rf": "0"}
                 ),
                 "num_gpus": 1,

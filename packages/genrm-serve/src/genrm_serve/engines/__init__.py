@@ -51,7 +51,9 @@ def resolve_engine_kind(spec: InstanceSpec) -> str:
     kind = spec.engine
     if kind != "auto":
         return kind
-    if spec.model_path == "scripted" or spec.model_path.startswith("scripted:"):
+    from genrm_serve.engines.scripted import SCRIPTED_PREFIX
+
+    if spec.model_path == SCRIPTED_PREFIX or spec.model_path.startswith(SCRIPTED_PREFIX + ":"):
         return "scripted"
     if _cuda_available() and importlib.util.find_spec("sglang") is not None:
         return "sglang"

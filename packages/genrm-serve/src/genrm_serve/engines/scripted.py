@@ -63,7 +63,7 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
 )
 
-__all__ = ["SCRIPTED_PREFIX", "Script", "ScriptedEngine", "load_script"]
+__all__ = ["SCRIPTED_PREFIX", "Script", "ScriptedEngine", "load_script", "scripted_model_path"]
 
 SCRIPTED_PREFIX = "scripted"
 
@@ -83,6 +83,18 @@ class Script(BaseModel):
     first_bias: int = Field(default=0, ge=0)
     crash_once_file: str | None = None
     healthy: bool = True
+
+
+def scripted_model_path(**script: Any) -> str:
+    """The inline ``model_path`` of a scripted engine that answers by ``script`` (the keys of
+    :class:`Script`): what a test or an example puts in an instance's spec. A key the script
+    does not know, or a value it refuses, fails here, where the test wrote it, not in the engine
+    a service starts later."""
+    try:
+        Script.model_validate(script)
+    except ValidationError as err:
+        raise ValueError(f"scripted engine: {err}") from None
+    return f"{SCRIPTED_PREFIX}:{json.dumps(script)}"
 
 
 def load_script(model_path: str) -> Script:

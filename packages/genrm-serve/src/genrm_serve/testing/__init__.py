@@ -1,5 +1,6 @@
 """Test helpers for every package of the workspace: tiny models (``models.py``), a private local
-Ray + Serve (``ray.py``) and a fake SGLang (``fake_sglang.py``).
+Ray + Serve (``ray.py``), a fake SGLang (``fake_sglang.py``) and the scripted engine's
+``model_path`` (:func:`scripted_model_path`).
 
 Light to import: each helper imports its heavy dependencies (torch, transformers, Ray) when it is
 called, so that a test module can import these at the top before Ray's environment is set.
@@ -7,6 +8,7 @@ called, so that a test module can import these at the top before Ray's environme
 
 from __future__ import annotations
 
+from genrm_serve.engines.scripted import scripted_model_path
 from genrm_serve.testing.fake_sglang import FakeSGLangEngine
 from genrm_serve.testing.models import (
     TINY_CHAT_TEMPLATE,
@@ -36,5 +38,6 @@ __all__ = [
     "local_ray_serve",
     "ray_test_env",
     "require_embedded_model",
+    "scripted_model_path",
     "serve_proxy",
 ]
