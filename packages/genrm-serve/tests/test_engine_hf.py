@@ -1,8 +1,10 @@
-"""The transformers engine on a tiny random-weight model: prompts, limits, sampling, lifecycle."""
+"""The transformers engine on a tiny random-weight model: prompts, limits, sampling, lifecycle,
+and the weights' dtype on a CPU."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from genrm_client.types import Message, SamplingParams
+from genrm_serve import precision
 from genrm_serve.config import DEFAULT_SAMPLING, EngineConfig, InstanceSpec
 from genrm_serve.engines.base import (
     EngineAsleepError,
@@ -20,6 +23,8 @@ from genrm_serve.engines.base import (
     PromptTooLongError,
 )
 from genrm_serve.engines.hf import HFEngine
+from genrm_serve.engines.hf.engine import _resolve_dtype
+from genrm_serve.precision import CpuBf16Probe
 from genrm_serve.testing import build_tiny_model
 
 SHARED = "You are a careful judge. Compare the answer with the reference answer. " * 6
@@ -286,3 +291,37 @@ async def test_rows_that_finish_early_leave_the_batch_without_disturbing_others(
     assert together[1].completion_tokens == 8
     width = max(len(engine.encode(r)) for r in reqs)
     assert decode_tokens < 4 * width + 4 * 7  # finished rows were not decoded to the end
+
+
+# ---- the weights' dtype on a CPU: bf16 only where it is native (the probe faked) ------------
+
+AVX2 = CpuBf16Probe(capability="AVX2", bf16_flags=frozenset())
+SAPPHIRE = CpuBf16Probe(capability="AVX512", bf16_flags=frozenset({"avx512_bf16", "amx_bf16"}))
+
+
+@pytest.mark.parametrize(
+    ("probe", "name", "dtype"),
+    [
+        pytest.param(AVX2, "auto", torch.float32, id="auto-avx2"),
+        pytest.param(AVX2, "bfloat16", torch.float32, id="bf16-asked-avx2"),
+        pytest.param(SAPPHIRE, "auto", torch.bfloat16, id="auto-native"),
+        pytest.param(SAPPHIRE, "float32", torch.float32, id="fp32-asked-native"),
+        pytest.param(AVX2, "float16", torch.float16, id="fp16-asked"),
+    ],
+)
+def test_hf_engine_weights_dtype_on_cpu(
+    monkeypatch: pytest.MonkeyPatch, probe: CpuBf16Probe, name: str, dtype: torch.dtype
+) -> None:
+    monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: probe)
+    assert _resolve_dtype(name, torch.device("cpu")) == dtype
+
+
+def test_hf_engine_bf16_asked_on_a_cpu_without_it_names_the_setting(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: AVX2)
+    monkeypatch.setattr(precision, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="genrm_serve.precision"):
+        assert _resolve_dtype("bfloat16", torch.device("cpu")) == torch.float32
+    (record,) = caplog.records
+    assert record.getMessage().startswith('engine_config.dtype="bfloat16" ignored: fp32')

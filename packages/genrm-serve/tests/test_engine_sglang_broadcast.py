@@ -155,20 +155,6 @@ def test_the_trainer_sends_each_bucket_as_the_bytes_sglang_receives(tiny_dir: Pa
             start += nbytes
 
 
-def test_the_group_store_nests_prefixes_as_sglangs_side() -> None:
-    """NCCL's members meet on the store keys under ``group_name`` / ``group_name/`` /
-    ``cuda/`` (SGLang's ``init_custom_process_group`` through torch's group helper)."""
-    import torch.distributed as dist
-
-    from genrm_serve.engines.weights import _group_store
-
-    port = free_port()
-    base = dist.TCPStore("127.0.0.1", port, 1, True)  # type: ignore[attr-defined]
-    _group_store(base, "g", "nccl").set("k", b"v")
-    nested = dist.PrefixStore("cuda/", dist.PrefixStore("g/", dist.PrefixStore("g", base)))  # type: ignore[attr-defined]
-    assert nested.get("k") == b"v"
-
-
 async def test_a_receive_without_a_joined_group_never_reaches_sglang(
     tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -66,35 +66,3 @@ def test_this_machine_is_probed_from_torch_and_cpuinfo() -> None:
     probe = precision.probe_cpu_bf16()
     assert probe.capability == torch.backends.cpu.get_cpu_capability()
     assert probe.bf16_flags <= precision.NATIVE_BF16_FLAGS
-
-
-@pytest.mark.parametrize(
-    ("probe", "name", "dtype"),
-    [
-        pytest.param(AVX2, "auto", torch.float32, id="auto-avx2"),
-        pytest.param(AVX2, "bfloat16", torch.float32, id="bf16-asked-avx2"),
-        pytest.param(SAPPHIRE, "auto", torch.bfloat16, id="auto-native"),
-        pytest.param(SAPPHIRE, "float32", torch.float32, id="fp32-asked-native"),
-        pytest.param(AVX2, "float16", torch.float16, id="fp16-asked"),
-    ],
-)
-def test_hf_engine_weights_dtype_on_cpu(
-    monkeypatch: pytest.MonkeyPatch, probe: CpuBf16Probe, name: str, dtype: torch.dtype
-) -> None:
-    from genrm_serve.engines.hf.engine import _resolve_dtype
-
-    monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: probe)
-    assert _resolve_dtype(name, torch.device("cpu")) == dtype
-
-
-def test_hf_engine_bf16_asked_on_a_cpu_without_it_names_the_setting(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    from genrm_serve.engines.hf.engine import _resolve_dtype
-
-    monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: AVX2)
-    monkeypatch.setattr(precision, "_warned", set())
-    with caplog.at_level(logging.WARNING, logger="genrm_serve.precision"):
-        assert _resolve_dtype("bfloat16", torch.device("cpu")) == torch.float32
-    (record,) = caplog.records
-    assert record.getMessage().startswith('engine_config.dtype="bfloat16" ignored: fp32')

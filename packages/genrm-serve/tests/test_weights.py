@@ -17,6 +17,7 @@ from genrm_serve.engines.hf import HFEngine, batch_token_budget, model_bytes, sh
 from genrm_serve.engines.weights import (
     HostOffloader,
     WeightBroadcastGroup,
+    _group_store,
     pack_bucket,
     plan_buckets,
     unpack_bucket,
@@ -220,3 +221,15 @@ def test_batch_budget_counts_kv_and_activations_per_token() -> None:
     )
     per_token = (2 * 36 * 8 * 128 + 4 * 2560 + (32 + 16) * 128 + 3 * 9728) * 2
     assert batch_token_budget(cfg, torch.bfloat16, per_token * 1000) == 1000
+
+
+def test_the_group_store_nests_prefixes_as_sglangs_side() -> None:
+    """NCCL's members meet on the store keys under ``group_name`` / ``group_name/`` /
+    ``cuda/`` (SGLang's ``init_custom_process_group`` through torch's group helper)."""
+    import torch.distributed as dist
+
+    port = free_port()
+    base = dist.TCPStore("127.0.0.1", port, 1, True)  # type: ignore[attr-defined]
+    _group_store(base, "g", "nccl").set("k", b"v")
+    nested = dist.PrefixStore("cuda/", dist.PrefixStore("g/", dist.PrefixStore("g", base)))  # type: ignore[attr-defined]
+    assert nested.get("k") == b"v"
