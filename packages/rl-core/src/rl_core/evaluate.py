@@ -27,7 +27,6 @@ import logging
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -294,9 +293,9 @@ async def run_eval(req: EvalRequest, console: Console | None = None) -> dict[str
         rewards = reward_setup(cfg, judge=services.judge)
         scorer = RolloutScorer(services.engines, tokenizer, rewards, services.phases, clock)
         settings = rollout_settings(cfg, seeded=rollout_seeded(cfg, rollout_engine))
-        started = time.perf_counter()
-        metrics = await evaluation.run(0, scorer.awake, settings)
-        seconds = time.perf_counter() - started
+        evaluated: PhaseTimes = {}
+        with clock.timed("eval", evaluated):
+            metrics = await evaluation.run(0, scorer.awake, settings)
     samples = evaluation.last_samples
     if cfg.n_samples_per_eval_prompt > 1:
         metrics.update(pass_at_k_metrics(samples, cfg.n_samples_per_eval_prompt))
@@ -311,7 +310,7 @@ async def run_eval(req: EvalRequest, console: Console | None = None) -> dict[str
         "eval_max_response_len": used.max_response_len,
         "reward": cfg.custom_rm_path or cfg.rm_type,
         "reward_key": cfg.reward_key,
-        "seconds": seconds,
+        "seconds": evaluated["eval"],
         "startup_s": startup,
         # the keys and values a training run logs in metrics.jsonl for its evaluations
         "metrics": metrics,
