@@ -4,10 +4,10 @@ so that neither test file imports the other)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from genrm_serve.serve_args import ServeArgs
 
@@ -25,9 +25,8 @@ def get(args: ServeArgs, path: str, **kw: Any) -> httpx.Response:
 
 def metric(text: str, name: str, **labels: str) -> float:
     """The value of the sample ``name`` with exactly ``labels`` in a Prometheus text page."""
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        m = re.match(rf"{name}(?:\{{(.*)\}})? (\S+)$", line)
-        if m and ",".join(sorted((m.group(1) or "").split(","))).strip(",") == want:
-            return float(m.group(2))
-    raise AssertionError(f"no sample {name}{{{want}}} in metrics")
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    raise AssertionError(f"no sample {name}{labels} in metrics")

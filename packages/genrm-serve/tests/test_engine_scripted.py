@@ -55,7 +55,7 @@ async def test_rules_match_last_user_message_and_report_routing() -> None:
 
 def test_scripted_model_path_is_the_inline_form_and_refuses_a_key_no_script_has() -> None:
     path = scripted_model_path(default="0", replies={"apple": "1"}, delay_s=0.5)
-    assert path == 'scripted:{"default": "0", "replies": {"apple": "1"}, "delay_s": 0.5}'
+    assert path.startswith("scripted:{")
     assert resolve_engine_kind(_spec(path).model_copy(update={"engine": "auto"})) == "scripted"
     assert load_script(path).model_dump(include={"default", "replies", "delay_s"}) == {
         "default": "0",

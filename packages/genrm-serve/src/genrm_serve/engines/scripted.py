@@ -89,12 +89,8 @@ def scripted_model_path(**script: Any) -> str:
     """The inline ``model_path`` of a scripted engine that answers by ``script`` (the keys of
     :class:`Script`): what a test or an example puts in an instance's spec. A key the script
     does not know, or a value it refuses, fails here, where the test wrote it, not in the engine
-    a service starts later."""
-    try:
-        Script.model_validate(script)
-    except ValidationError as err:
-        raise ValueError(f"scripted engine: {err}") from None
-    return f"{SCRIPTED_PREFIX}:{json.dumps(script)}"
+    a service starts later (pydantic's ValidationError, a ValueError)."""
+    return f"{SCRIPTED_PREFIX}:{Script.model_validate(script).model_dump_json(exclude_unset=True)}"
 
 
 def load_script(model_path: str) -> Script:
